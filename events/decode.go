@@ -1,0 +1,272 @@
+package events
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// MaxEnvelopeBytes caps one encoded event. Tool args and results live inside
+// events, so the cap bounds what one intent may carry; larger payloads belong
+// in the downstream system, referenced by id.
+const MaxEnvelopeBytes = 1 << 20
+
+// MaxOperationKeyBytes caps an operation key; keys are Kafka message keys and
+// primary keys, and a key that long is a bug in the caller's workflow layer.
+const MaxOperationKeyBytes = 512
+
+// ErrInvalidEvent is the sentinel every decoding error wraps.
+var ErrInvalidEvent = errors.New("invalid event")
+
+// DecodeError says which field of an event is wrong and why.
+type DecodeError struct {
+	Field  string
+	Reason string
+}
+
+func (e *DecodeError) Error() string {
+	if e.Field == "" {
+		return "invalid event: " + e.Reason
+	}
+	return fmt.Sprintf("invalid event: %s: %s", e.Field, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrInvalidEvent) true for every DecodeError.
+func (e *DecodeError) Is(target error) bool { return target == ErrInvalidEvent }
+
+// IsInvalidEvent reports whether err is a decoding error of an event.
+func IsInvalidEvent(err error) bool {
+	var de *DecodeError
+	return errors.As(err, &de)
+}
+
+func invalid(field, format string, args ...any) error {
+	return &DecodeError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// wireEnvelope has pointer fields so a missing field is told apart from a
+// zero value.
+type wireEnvelope struct {
+	EventID      *string         `json:"event_id"`
+	Type         *Type           `json:"type"`
+	OperationKey *string         `json:"operation_key"`
+	Seq          *int64          `json:"seq"`
+	OccurredAt   *time.Time      `json:"occurred_at"`
+	Tool         *string         `json:"tool"`
+	EffectClass  *EffectClass    `json:"effect_class"`
+	Attempt      *int            `json:"attempt"`
+	Data         json.RawMessage `json:"data"`
+}
+
+// Decode parses and validates one event. It either returns a complete,
+// valid envelope or a *DecodeError; it never panics and never returns a
+// half-filled envelope.
+func Decode(b []byte) (Envelope, error) {
+	if len(b) > MaxEnvelopeBytes {
+		return Envelope{}, invalid("", "event is %d bytes, over the %d byte limit", len(b), MaxEnvelopeBytes)
+	}
+	var w wireEnvelope
+	if err := strictUnmarshal(b, &w); err != nil {
+		return Envelope{}, invalid("", "%v", err)
+	}
+	switch {
+	case w.EventID == nil || *w.EventID == "":
+		return Envelope{}, invalid("event_id", "missing")
+	case w.Type == nil || *w.Type == "":
+		return Envelope{}, invalid("type", "missing")
+	case !w.Type.Valid():
+		return Envelope{}, invalid("type", "unknown type %q", *w.Type)
+	case w.OperationKey == nil || *w.OperationKey == "":
+		return Envelope{}, invalid("operation_key", "missing")
+	case len(*w.OperationKey) > MaxOperationKeyBytes:
+		return Envelope{}, invalid("operation_key", "longer than %d bytes", MaxOperationKeyBytes)
+	case w.Seq == nil:
+		return Envelope{}, invalid("seq", "missing")
+	case *w.Seq < 1:
+		return Envelope{}, invalid("seq", "must be at least 1, got %d", *w.Seq)
+	case *w.Type == IntentRecorded && *w.Seq != 1:
+		return Envelope{}, invalid("seq", "intent.recorded must have seq 1, got %d", *w.Seq)
+	case *w.Type != IntentRecorded && *w.Seq == 1:
+		return Envelope{}, invalid("seq", "seq 1 is reserved for intent.recorded")
+	case w.OccurredAt == nil || w.OccurredAt.IsZero():
+		return Envelope{}, invalid("occurred_at", "missing")
+	case w.Tool == nil || *w.Tool == "":
+		return Envelope{}, invalid("tool", "missing")
+	case w.EffectClass == nil:
+		return Envelope{}, invalid("effect_class", "missing")
+	case !w.EffectClass.Valid():
+		return Envelope{}, invalid("effect_class", "unknown effect class %q", *w.EffectClass)
+	case len(w.Data) == 0 || bytes.Equal(w.Data, []byte("null")):
+		return Envelope{}, invalid("data", "missing")
+	}
+	e := Envelope{
+		EventID:      *w.EventID,
+		Type:         *w.Type,
+		OperationKey: *w.OperationKey,
+		Seq:          *w.Seq,
+		OccurredAt:   *w.OccurredAt,
+		Tool:         *w.Tool,
+		EffectClass:  *w.EffectClass,
+		Data:         w.Data,
+	}
+	if w.Attempt != nil {
+		e.Attempt = *w.Attempt
+	}
+	if e.Type.HasAttempt() && e.Attempt < 1 {
+		return Envelope{}, invalid("attempt", "%s needs an attempt of at least 1", e.Type)
+	}
+	if !e.Type.HasAttempt() && e.Attempt < 0 {
+		return Envelope{}, invalid("attempt", "must not be negative")
+	}
+	if _, err := e.DecodeData(); err != nil {
+		return Envelope{}, err
+	}
+	return e, nil
+}
+
+// DecodeData parses e.Data into the Go shape of e.Type (a pointer to one of
+// the *Data structs) and validates its required fields.
+func (e Envelope) DecodeData() (any, error) {
+	d := dataFor(e.Type)
+	if d == nil {
+		return nil, invalid("type", "unknown type %q", e.Type)
+	}
+	if err := strictUnmarshal(e.Data, d); err != nil {
+		return nil, invalid("data", "%v", err)
+	}
+	if err := validateData(d); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+func validateData(d any) error {
+	switch d := d.(type) {
+	case *IntentData:
+		if len(d.Args) == 0 || d.Args[0] != '{' {
+			return invalid("data.args", "must be a JSON object")
+		}
+		if d.Principal == "" {
+			return invalid("data.principal", "missing")
+		}
+	case *IntentRejectedData:
+		if d.Reason == "" {
+			return invalid("data.reason", "missing")
+		}
+	case *AttemptStartedData:
+		if d.DownstreamKey == "" {
+			return invalid("data.downstream_key", "missing")
+		}
+		if d.LeaseUntil.IsZero() {
+			return invalid("data.lease_until", "missing")
+		}
+	case *AttemptFailedData:
+		if d.Kind != Retryable && d.Kind != Final {
+			return invalid("data.kind", "must be retryable or final, got %q", d.Kind)
+		}
+		if d.ErrorClass == "" {
+			return invalid("data.error_class", "missing")
+		}
+	case *AttemptUnknownData:
+		if d.Next != NextRetry && d.Next != NextCompensate && d.Next != NextReconcile {
+			return invalid("data.next", "must be retry, compensate or reconcile, got %q", d.Next)
+		}
+		if d.ErrorClass == "" {
+			return invalid("data.error_class", "missing")
+		}
+	case *CompensationStartedData:
+		if d.DownstreamKey == "" {
+			return invalid("data.downstream_key", "missing")
+		}
+	case *CompensationFailedData:
+		if d.Outcome != Failed && d.Outcome != Unknown {
+			return invalid("data.outcome", "must be failed or unknown, got %q", d.Outcome)
+		}
+	case *ReconciliationResolvedData:
+		if d.Source == "" {
+			return invalid("data.source", "missing")
+		}
+	case *EscalationData:
+		if d.Reason == "" {
+			return invalid("data.reason", "missing")
+		}
+		if _, err := ParseAction(string(d.ProposedAction)); err != nil {
+			return invalid("data.proposed_action", "%v", err)
+		}
+	case *DecisionData:
+		if _, err := ParseAction(string(d.Action)); err != nil {
+			return invalid("data.action", "%v", err)
+		}
+		if d.Approver == "" {
+			return invalid("data.approver", "missing")
+		}
+	}
+	return nil
+}
+
+func strictUnmarshal(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if dec.More() {
+		return errors.New("trailing data after the JSON value")
+	}
+	return nil
+}
+
+// Encode returns the JSON of e. It validates e with Decode's rules, so
+// effectline never emits an event its own consumers would reject.
+func Encode(e Envelope) ([]byte, error) {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return nil, fmt.Errorf("encoding %s event: %w", e.Type, err)
+	}
+	if _, err := Decode(b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// New builds an envelope with a fresh event id, marshalling data.
+func New(t Type, key string, seq int64, tool string, class EffectClass, attempt int, data any, at time.Time) (Envelope, error) {
+	raw, err := json.Marshal(data)
+	if err != nil {
+		return Envelope{}, fmt.Errorf("encoding %s data: %w", t, err)
+	}
+	return Envelope{
+		EventID:      NewID(),
+		Type:         t,
+		OperationKey: key,
+		Seq:          seq,
+		OccurredAt:   at.UTC(),
+		Tool:         tool,
+		EffectClass:  class,
+		Attempt:      attempt,
+		Data:         raw,
+	}, nil
+}
+
+// NewID returns a random RFC 4122 version 4 UUID.
+func NewID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms.
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	var s [36]byte
+	hex.Encode(s[0:8], b[0:4])
+	s[8] = '-'
+	hex.Encode(s[9:13], b[4:6])
+	s[13] = '-'
+	hex.Encode(s[14:18], b[6:8])
+	s[18] = '-'
+	hex.Encode(s[19:23], b[8:10])
+	s[23] = '-'
+	hex.Encode(s[24:], b[10:])
+	return string(s[:])
+}

@@ -1,0 +1,330 @@
+package events
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// Phase says which step of an operation the executor works on next, or is
+// working on now: the attempt itself, or the undo of the last attempt.
+type Phase string
+
+const (
+	PhaseAttempt      Phase = "attempt"
+	PhaseCompensation Phase = "compensation"
+)
+
+// IntentPickupGrace is how long a fresh intent waits for its Kafka message
+// before the executor's due-time poller runs it anyway. It is the safety net
+// for an intent whose message was consumed by a worker that died before it
+// claimed the attempt.
+const IntentPickupGrace = 15 * time.Second
+
+// Operation is the record of one intended business effect (DESIGN §3): the
+// fold of its events. The executor decides from it, the projector stores it.
+type Operation struct {
+	Key         string          `json:"operation_key"`
+	Tool        string          `json:"tool"`
+	EffectClass EffectClass     `json:"effect_class"`
+	PayloadHash string          `json:"payload_hash"`
+	Principal   string          `json:"principal"`
+	Args        json.RawMessage `json:"args,omitempty"`
+	Status      Status          `json:"status"`
+	Phase       Phase           `json:"phase"`
+	Attempt     int             `json:"attempt"`
+	LeaseOwner  string          `json:"lease_owner,omitempty"`
+	LeaseUntil  *time.Time      `json:"lease_until,omitempty"`
+	// DueAt is when the executor must act next (a retry, a compensation, an
+	// intent nobody picked up). Nil when the executor has nothing to do.
+	DueAt         *time.Time      `json:"due_at,omitempty"`
+	Result        json.RawMessage `json:"result,omitempty"`
+	DownstreamID  string          `json:"downstream_id,omitempty"`
+	UndoRef       string          `json:"undo_ref,omitempty"`
+	DownstreamKey string          `json:"downstream_key,omitempty"`
+	// Compensations counts undone attempts; it picks the next downstream key.
+	Compensations  int    `json:"compensations"`
+	Approved       bool   `json:"approved,omitempty"`
+	LastErrorClass string `json:"last_error_class,omitempty"`
+	// Evidence counts events that changed nothing but were kept: late
+	// outcomes of lost leases and rejected intents.
+	Evidence       int             `json:"evidence,omitempty"`
+	Escalation     *EscalationData `json:"escalation,omitempty"`
+	Seq            int64           `json:"seq"`
+	FirstAttemptAt *time.Time      `json:"first_attempt_at,omitempty"`
+	LastAttemptAt  *time.Time      `json:"last_attempt_at,omitempty"`
+	LastOutcomeAt  *time.Time      `json:"last_outcome_at,omitempty"`
+	CreatedAt      time.Time       `json:"created_at"`
+	UpdatedAt      time.Time       `json:"updated_at"`
+}
+
+// DownstreamKeyFor is the idempotency key sent downstream (DESIGN §5): the
+// operation key, changed only after an attempt was compensated, so a receiver
+// that honors keys dedups every blind retry yet runs a retry after an undo.
+func DownstreamKeyFor(operationKey string, compensations int) string {
+	if compensations == 0 {
+		return operationKey
+	}
+	return operationKey + "~c" + strconv.Itoa(compensations)
+}
+
+// ErrIllegalTransition is wrapped by every *TransitionError.
+var ErrIllegalTransition = errors.New("illegal transition")
+
+// TransitionError says which event cannot follow the operation's state.
+type TransitionError struct {
+	From   Status
+	Phase  Phase
+	Event  Type
+	Seq    int64
+	Reason string
+}
+
+func (e *TransitionError) Error() string {
+	return fmt.Sprintf("illegal transition: %s (seq %d) on an operation %s/%s: %s",
+		e.Event, e.Seq, e.From, e.Phase, e.Reason)
+}
+
+func (e *TransitionError) Unwrap() error { return ErrIllegalTransition }
+
+// Fold replays events in order into an operation record.
+func Fold(evs []Envelope) (Operation, error) {
+	var op Operation
+	for _, e := range evs {
+		next, err := Apply(op, e)
+		if err != nil {
+			return op, err
+		}
+		op = next
+	}
+	return op, nil
+}
+
+// Apply returns op with e applied. It is pure: the same record and event
+// always give the same result, which is what lets the projector rebuild the
+// read model from the event store and get the live table back exactly.
+func Apply(op Operation, e Envelope) (Operation, error) {
+	illegal := func(reason string) (Operation, error) {
+		return op, &TransitionError{From: op.Status, Phase: op.Phase, Event: e.Type, Seq: e.Seq, Reason: reason}
+	}
+	if e.Seq != op.Seq+1 {
+		return illegal(fmt.Sprintf("expected seq %d", op.Seq+1))
+	}
+	if op.Seq > 0 && e.OperationKey != op.Key {
+		return illegal("event of operation " + e.OperationKey)
+	}
+	d, err := e.DecodeData()
+	if err != nil {
+		return op, err
+	}
+	at := e.OccurredAt.UTC()
+	next := op
+	next.Seq = e.Seq
+	next.UpdatedAt = at
+
+	// An outcome for an attempt other than the current one, or arriving when
+	// the attempt is no longer running, is a late report from a worker that
+	// lost its lease: kept as evidence, never allowed to overwrite the state
+	// of a newer attempt.
+	if e.Type.HasAttempt() && e.Type != AttemptStarted && e.Type != CompensationStarted {
+		if e.Attempt > op.Attempt {
+			return illegal(fmt.Sprintf("attempt %d has not started (current %d)", e.Attempt, op.Attempt))
+		}
+		if e.Attempt < op.Attempt || !outcomeApplies(op, e.Type) {
+			if e.Type == AttemptSucceeded && e.Attempt == op.Attempt && successResolves(op) {
+				// A late success for the current attempt is the truth about an
+				// operation still unresolved: the effect happened.
+			} else {
+				next.Evidence++
+				return next, nil
+			}
+		}
+	}
+
+	switch d := d.(type) {
+	case *IntentData:
+		if op.Seq != 0 {
+			return illegal("operation already exists")
+		}
+		hash, err := PayloadHash(d.Args)
+		if err != nil {
+			return op, invalid("data.args", "%v", err)
+		}
+		due := at.Add(IntentPickupGrace)
+		next = Operation{
+			Key: e.OperationKey, Tool: e.Tool, EffectClass: e.EffectClass,
+			PayloadHash: hash, Principal: d.Principal, Args: d.Args,
+			Status: StatusPending, Phase: PhaseAttempt, DueAt: &due,
+			Seq: e.Seq, CreatedAt: at, UpdatedAt: at,
+		}
+		return next, nil
+	case *IntentRejectedData:
+		next.Evidence++
+		return next, nil
+	case *AttemptStartedData:
+		if !(op.Status == StatusPending && op.Phase == PhaseAttempt) {
+			return illegal("an attempt starts only from pending")
+		}
+		if e.Attempt != op.Attempt+1 {
+			return illegal(fmt.Sprintf("attempt must be %d", op.Attempt+1))
+		}
+		lease := d.LeaseUntil.UTC()
+		next.Status, next.Attempt = StatusInProgress, e.Attempt
+		next.LeaseOwner, next.LeaseUntil, next.DueAt = d.Worker, &lease, nil
+		next.DownstreamKey = d.DownstreamKey
+		next.LastAttemptAt = &at
+		if next.FirstAttemptAt == nil {
+			next.FirstAttemptAt = &at
+		}
+	case *AttemptSucceededData:
+		next.Status, next.Phase = StatusCompleted, PhaseAttempt
+		next.Result, next.DownstreamID, next.UndoRef = d.Result, d.DownstreamID, d.UndoRef
+		next.LeaseOwner, next.LeaseUntil, next.DueAt = "", nil, nil
+		next.LastErrorClass = ""
+		next.LastOutcomeAt = &at
+	case *AttemptFailedData:
+		next.LeaseOwner, next.LeaseUntil = "", nil
+		next.LastErrorClass = d.ErrorClass
+		next.LastOutcomeAt = &at
+		if d.Kind == Retryable && d.RetryAt != nil {
+			next.Status, next.DueAt = StatusPending, utcPtr(*d.RetryAt)
+		} else {
+			next.Status, next.DueAt = StatusFailed, nil
+		}
+	case *AttemptUnknownData:
+		next.LeaseOwner, next.LeaseUntil = "", nil
+		next.LastErrorClass = d.ErrorClass
+		next.LastOutcomeAt = &at
+		switch d.Next {
+		case NextRetry:
+			if d.RetryAt == nil {
+				return illegal("a retry needs retry_at")
+			}
+			next.Status, next.DueAt = StatusPending, utcPtr(*d.RetryAt)
+		case NextCompensate:
+			if op.EffectClass != Compensable {
+				return illegal("only a compensable effect is compensated")
+			}
+			next.Status, next.Phase, next.DueAt = StatusPending, PhaseCompensation, &at
+		case NextReconcile:
+			next.Status, next.DueAt = StatusNeedsReconciliation, nil
+		}
+	case *CompensationStartedData:
+		if !(op.Status == StatusPending && op.Phase == PhaseCompensation) {
+			return illegal("a compensation starts only when one is pending")
+		}
+		if e.Attempt != op.Attempt {
+			return illegal(fmt.Sprintf("compensation must be of attempt %d", op.Attempt))
+		}
+		lease := d.LeaseUntil.UTC()
+		next.Status = StatusInProgress
+		next.LeaseOwner, next.LeaseUntil, next.DueAt = d.Worker, &lease, nil
+	case *CompensationSucceededData:
+		next.LeaseOwner, next.LeaseUntil = "", nil
+		next.Compensations++
+		next.Phase = PhaseAttempt
+		next.LastOutcomeAt = &at
+		if d.RetryAt != nil {
+			next.Status, next.DueAt = StatusPending, utcPtr(*d.RetryAt)
+		} else {
+			next.Status, next.DueAt = StatusCompensated, nil
+		}
+	case *CompensationFailedData:
+		next.LeaseOwner, next.LeaseUntil, next.DueAt = "", nil, nil
+		next.Status = StatusNeedsReconciliation
+		next.LastErrorClass = d.ErrorClass
+		next.LastOutcomeAt = &at
+	case *ReconciliationResolvedData:
+		switch op.Status {
+		case StatusNeedsReconciliation, StatusEscalated, StatusInProgress, StatusPending:
+		default:
+			return illegal("nothing to reconcile")
+		}
+		next.LeaseOwner, next.LeaseUntil = "", nil
+		next.Phase = PhaseAttempt
+		switch {
+		case d.Found:
+			next.Status, next.DueAt = StatusCompleted, nil
+			next.Result, next.DownstreamID = d.Result, d.DownstreamID
+			next.LastErrorClass = ""
+		case d.RetryAt != nil:
+			next.Status, next.DueAt = StatusPending, utcPtr(*d.RetryAt)
+		default:
+			// Provably absent, but the class forbids a blind retry: a human
+			// decides; the escalation event follows.
+			next.Status, next.DueAt = StatusNeedsReconciliation, nil
+		}
+	case *EscalationData:
+		switch op.Status {
+		case StatusNeedsReconciliation, StatusPending, StatusInProgress, StatusEscalated:
+		default:
+			return illegal("a finished operation is not escalated")
+		}
+		next.Status, next.DueAt = StatusEscalated, nil
+		next.LeaseOwner, next.LeaseUntil = "", nil
+		esc := *d
+		next.Escalation = &esc
+	case *DecisionData:
+		if !op.Status.AwaitingDecision() {
+			return illegal("the operation is not waiting for a decision")
+		}
+		next.Escalation = nil
+		switch d.Action {
+		case ActionRecordSuccess:
+			next.Status, next.Phase, next.DueAt = StatusCompleted, PhaseAttempt, nil
+			next.LastErrorClass = ""
+		case ActionRetry:
+			if d.RetryAt == nil {
+				return illegal("a retry decision needs retry_at")
+			}
+			next.Status, next.Phase, next.DueAt = StatusPending, PhaseAttempt, utcPtr(*d.RetryAt)
+			next.Approved = true
+		case ActionCompensate:
+			if op.EffectClass != Compensable {
+				return illegal("only a compensable effect is compensated")
+			}
+			if op.Attempt == 0 {
+				return illegal("nothing to compensate before the first attempt")
+			}
+			next.Status, next.Phase, next.DueAt = StatusPending, PhaseCompensation, &at
+		case ActionAbandon:
+			next.Status, next.Phase, next.DueAt = StatusFailed, PhaseAttempt, nil
+			next.LastErrorClass = "abandoned"
+		}
+	}
+	return next, nil
+}
+
+// outcomeApplies reports whether an outcome event of type t is the report of
+// the step now running.
+func outcomeApplies(op Operation, t Type) bool {
+	if op.Status != StatusInProgress {
+		return false
+	}
+	switch t {
+	case AttemptSucceeded, AttemptFailed, AttemptUnknown:
+		return op.Phase == PhaseAttempt
+	case CompensationSucceeded, CompensationFailed:
+		return op.Phase == PhaseCompensation
+	}
+	return false
+}
+
+// successResolves reports whether a late success of the current attempt
+// settles the operation: it is unresolved and the attempt was not undone.
+func successResolves(op Operation) bool {
+	switch op.Status {
+	case StatusNeedsReconciliation, StatusEscalated:
+		return op.Phase == PhaseAttempt
+	case StatusPending:
+		return op.Phase == PhaseAttempt && op.Attempt > 0
+	}
+	return false
+}
+
+func utcPtr(t time.Time) *time.Time {
+	u := t.UTC()
+	return &u
+}

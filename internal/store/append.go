@@ -1,0 +1,231 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/effectline/effectline/events"
+	"github.com/jackc/pgx/v5"
+)
+
+// Append is one atomic step of an operation: events decided from Base, to be
+// written only if the operation is still at Base.Seq.
+type Append struct {
+	// Base is the record the writer decided from; the zero Operation for a
+	// new operation (then the first event must be intent.recorded).
+	Base   events.Operation
+	Events []events.Envelope
+	// Traceparent is the W3C trace context the events belong to.
+	Traceparent string
+	// TopicPrefix is prepended to the topic suffixes of events.TopicsFor.
+	TopicPrefix string
+}
+
+// Next folds a.Events onto a.Base: the record the append produces.
+func (a Append) Next() (events.Operation, error) {
+	op := a.Base
+	for _, e := range a.Events {
+		next, err := events.Apply(op, e)
+		if err != nil {
+			return a.Base, err
+		}
+		op = next
+	}
+	return op, nil
+}
+
+// appendSQL writes one step in one statement, so many steps can share one
+// transaction (one commit) without savepoints: the head row is updated only
+// if its seq is still the expected one, and the events and outbox rows are
+// inserted only if that update happened. Data-modifying CTEs always run to
+// completion and see one snapshot, so the EXISTS guards are exact.
+const appendSQL = `
+WITH head AS (
+    UPDATE operations
+       SET status = $3, seq = $4, lease_until = $5, due_at = $6, record = $7, updated_at = $8
+     WHERE operation_key = $1 AND seq = $2
+    RETURNING 1
+), ev AS (
+    INSERT INTO events (operation_key, seq, event_id, type, envelope, traceparent, occurred_at)
+    SELECT $1, u.seq, u.event_id, u.type, u.envelope, $9, u.occurred_at
+      FROM unnest($10::bigint[], $11::uuid[], $12::text[], $13::bytea[], $14::timestamptz[])
+           AS u(seq, event_id, type, envelope, occurred_at)
+     WHERE EXISTS (SELECT 1 FROM head)
+), ob AS (
+    INSERT INTO outbox (operation_key, seq, topic)
+    SELECT $1, o.seq, o.topic FROM unnest($15::bigint[], $16::text[]) AS o(seq, topic)
+     WHERE EXISTS (SELECT 1 FROM head)
+)
+SELECT count(*) FROM head`
+
+// createSQL is appendSQL for the first step of a new operation.
+const createSQL = `
+WITH head AS (
+    INSERT INTO operations (operation_key, tool, effect_class, payload_hash, status, seq,
+                            lease_until, due_at, record, created_at, updated_at)
+    VALUES ($1, $17, $18, $19, $3, $4, $5, $6, $7, $8, $8)
+    ON CONFLICT (operation_key) DO NOTHING
+    RETURNING $2::bigint
+), ev AS (
+    INSERT INTO events (operation_key, seq, event_id, type, envelope, traceparent, occurred_at)
+    SELECT $1, u.seq, u.event_id, u.type, u.envelope, $9, u.occurred_at
+      FROM unnest($10::bigint[], $11::uuid[], $12::text[], $13::bytea[], $14::timestamptz[])
+           AS u(seq, event_id, type, envelope, occurred_at)
+     WHERE EXISTS (SELECT 1 FROM head)
+), ob AS (
+    INSERT INTO outbox (operation_key, seq, topic)
+    SELECT $1, o.seq, o.topic FROM unnest($15::bigint[], $16::text[]) AS o(seq, topic)
+     WHERE EXISTS (SELECT 1 FROM head)
+)
+SELECT count(*) FROM head`
+
+// prepared is an append turned into statement arguments.
+type prepared struct {
+	sql  string
+	args []any
+	next events.Operation
+	key  string
+	base int64
+}
+
+func prepare(a Append) (prepared, error) {
+	if len(a.Events) == 0 {
+		return prepared{}, errors.New("append: no events")
+	}
+	next, err := a.Next()
+	if err != nil {
+		return prepared{}, fmt.Errorf("append to %s: %w", a.Events[0].OperationKey, err)
+	}
+	record, err := json.Marshal(next)
+	if err != nil {
+		return prepared{}, fmt.Errorf("append to %s: encoding the record: %w", next.Key, err)
+	}
+	n := len(a.Events)
+	seqs, ids, types := make([]int64, n), make([]string, n), make([]string, n)
+	envs, times := make([][]byte, n), make([]time.Time, n)
+	var obSeqs []int64
+	var obTopics []string
+	for i, e := range a.Events {
+		b, err := events.Encode(e)
+		if err != nil {
+			return prepared{}, fmt.Errorf("append to %s: %w", next.Key, err)
+		}
+		seqs[i], ids[i], types[i], envs[i], times[i] = e.Seq, e.EventID, string(e.Type), b, e.OccurredAt
+		for _, t := range events.TopicsFor(e.Type) {
+			obSeqs = append(obSeqs, e.Seq)
+			obTopics = append(obTopics, a.TopicPrefix+t)
+		}
+	}
+	var lease any
+	if next.Status == events.StatusInProgress && next.LeaseUntil != nil {
+		lease = *next.LeaseUntil
+	}
+	var due any
+	if next.DueAt != nil {
+		due = *next.DueAt
+	}
+	args := []any{next.Key, a.Base.Seq, string(next.Status), next.Seq, lease, due, record, next.UpdatedAt,
+		a.Traceparent, seqs, ids, types, envs, times, obSeqs, obTopics}
+	sql := appendSQL
+	if a.Base.Seq == 0 {
+		sql = createSQL
+		args = append(args, next.Tool, string(next.EffectClass), next.PayloadHash)
+	}
+	return prepared{sql: sql, args: args, next: next, key: next.Key, base: a.Base.Seq}, nil
+}
+
+func (p prepared) result(count int64) (events.Operation, error) {
+	if count == 0 {
+		return events.Operation{}, &ConflictError{OperationKey: p.key, ExpectedSeq: p.base}
+	}
+	return p.next, nil
+}
+
+// Append writes one step in its own transaction and returns the new record.
+// A lost race returns a *ConflictError.
+func (s *Store) Append(ctx context.Context, a Append) (events.Operation, error) {
+	var op events.Operation
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var err error
+		op, err = AppendTx(ctx, tx, a)
+		return err
+	})
+	if err != nil {
+		return events.Operation{}, err
+	}
+	s.appended()
+	return op, nil
+}
+
+// AppendTx writes one step inside the caller's transaction: the step exists
+// if and only if the caller commits.
+func AppendTx(ctx context.Context, tx pgx.Tx, a Append) (events.Operation, error) {
+	p, err := prepare(a)
+	if err != nil {
+		return events.Operation{}, err
+	}
+	var count int64
+	if err := tx.QueryRow(ctx, p.sql, p.args...).Scan(&count); err != nil {
+		return events.Operation{}, fmt.Errorf("append to %s: %w", p.key, interpretError(err))
+	}
+	return p.result(count)
+}
+
+// AppendResult is the outcome of one append of a batch.
+type AppendResult struct {
+	Op  events.Operation
+	Err error
+}
+
+// AppendBatch writes many steps in one transaction and one commit. Each step
+// succeeds or conflicts on its own; an error of the transaction as a whole
+// fails every step. Two steps from the same base of one operation may share
+// a batch: the second conflicts, as it would in its own transaction.
+func (s *Store) AppendBatch(ctx context.Context, as []Append) []AppendResult {
+	res := make([]AppendResult, len(as))
+	ps := make([]prepared, len(as))
+	var b pgx.Batch
+	for i, a := range as {
+		p, err := prepare(a)
+		if err != nil {
+			res[i].Err = err
+			continue
+		}
+		ps[i] = p
+		b.Queue(p.sql, p.args...)
+	}
+	if b.Len() == 0 {
+		return res
+	}
+	counts := make([]int64, len(as))
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		br := tx.SendBatch(ctx, &b)
+		for i := range as {
+			if res[i].Err != nil {
+				continue
+			}
+			if err := br.QueryRow().Scan(&counts[i]); err != nil {
+				_ = br.Close()
+				return fmt.Errorf("append to %s: %w", ps[i].key, interpretError(err))
+			}
+		}
+		return br.Close()
+	})
+	for i := range as {
+		if res[i].Err != nil {
+			continue
+		}
+		if err != nil {
+			res[i].Err = err
+			continue
+		}
+		res[i].Op, res[i].Err = ps[i].result(counts[i])
+	}
+	if err == nil {
+		s.appended()
+	}
+	return res
+}

@@ -1,0 +1,163 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/effectline/effectline/events"
+)
+
+// ErrCommitterStopped is returned for appends submitted after the committer
+// stopped.
+var ErrCommitterStopped = errors.New("committer stopped")
+
+// Committer is a group commit in front of AppendBatch: appends submitted by
+// many goroutines at once share one transaction and one synchronous commit.
+// There is no waiting window: a flusher takes whatever is queued when it is
+// free, so at low load an append commits alone and at once, and under load
+// batches grow by themselves while the previous commit is in flight.
+type Committer struct {
+	store    *Store
+	reqs     chan *commitReq
+	maxBatch int
+	flushers int
+	done     chan struct{}
+}
+
+type commitReq struct {
+	ctx  context.Context
+	a    Append
+	resp chan AppendResult
+}
+
+// CommitterConfig tunes a Committer.
+type CommitterConfig struct {
+	// MaxBatch caps appends per transaction. Default 256.
+	MaxBatch int
+	// Flushers is how many transactions may be in flight at once. Default 4.
+	Flushers int
+}
+
+func (c CommitterConfig) withDefaults() CommitterConfig {
+	if c.MaxBatch <= 0 {
+		c.MaxBatch = 256
+	}
+	if c.Flushers <= 0 {
+		c.Flushers = 4
+	}
+	return c
+}
+
+// NewCommitter returns a committer; Run must be running for Append to return.
+func (s *Store) NewCommitter(cfg CommitterConfig) *Committer {
+	cfg = cfg.withDefaults()
+	return &Committer{
+		store:    s,
+		reqs:     make(chan *commitReq, cfg.MaxBatch*cfg.Flushers),
+		maxBatch: cfg.MaxBatch,
+		flushers: cfg.Flushers,
+		done:     make(chan struct{}),
+	}
+}
+
+// Run flushes batches until ctx is done, then fails what is still queued.
+// A batch already sent is finished even after ctx is done, so a step that
+// committed is always reported as committed.
+func (c *Committer) Run(ctx context.Context) error {
+	finished := make(chan struct{}, c.flushers)
+	for i := 0; i < c.flushers; i++ {
+		go func() {
+			defer func() { finished <- struct{}{} }()
+			c.flushLoop(ctx)
+		}()
+	}
+	for i := 0; i < c.flushers; i++ {
+		<-finished
+	}
+	close(c.done)
+	for {
+		select {
+		case r := <-c.reqs:
+			r.resp <- AppendResult{Err: ErrCommitterStopped}
+		default:
+			return nil
+		}
+	}
+}
+
+func (c *Committer) flushLoop(ctx context.Context) {
+	batch := make([]*commitReq, 0, c.maxBatch)
+	for {
+		batch = batch[:0]
+		select {
+		case <-ctx.Done():
+			return
+		case r := <-c.reqs:
+			batch = append(batch, r)
+		}
+	drain:
+		for len(batch) < c.maxBatch {
+			select {
+			case r := <-c.reqs:
+				batch = append(batch, r)
+			default:
+				break drain
+			}
+		}
+		c.flush(ctx, batch)
+	}
+}
+
+func (c *Committer) flush(ctx context.Context, batch []*commitReq) {
+	live := batch[:0:0]
+	as := make([]Append, 0, len(batch))
+	for _, r := range batch {
+		if err := r.ctx.Err(); err != nil {
+			r.resp <- AppendResult{Err: err}
+			continue
+		}
+		live = append(live, r)
+		as = append(as, r.a)
+	}
+	if len(as) == 0 {
+		return
+	}
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	res := c.store.AppendBatch(fctx, as)
+	for i, r := range live {
+		r.resp <- res[i]
+	}
+}
+
+// Append submits one step and waits for its commit. If ctx ends while the
+// step is queued it is dropped; once its batch is sent, Append waits for the
+// commit so the caller learns the truth.
+func (c *Committer) Append(ctx context.Context, a Append) (events.Operation, error) {
+	r := &commitReq{ctx: ctx, a: a, resp: make(chan AppendResult, 1)}
+	select {
+	case c.reqs <- r:
+	case <-c.done:
+		return events.Operation{}, ErrCommitterStopped
+	case <-ctx.Done():
+		return events.Operation{}, ctx.Err()
+	}
+	select {
+	case res := <-r.resp:
+		return res.Op, res.Err
+	case <-c.done:
+		// The flushers have stopped, so every request they took has its
+		// answer; one still queued (possibly ours, enqueued as Run finished
+		// draining) is failed here.
+		for {
+			select {
+			case q := <-c.reqs:
+				q.resp <- AppendResult{Err: ErrCommitterStopped}
+			default:
+				res := <-r.resp
+				return res.Op, res.Err
+			}
+		}
+	}
+}

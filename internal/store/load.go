@@ -1,0 +1,124 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/effectline/effectline/events"
+	"github.com/jackc/pgx/v5"
+)
+
+// Load returns the head record of an operation, or ErrNotFound.
+func (s *Store) Load(ctx context.Context, key string) (events.Operation, error) {
+	return loadWith(ctx, s.pool, key)
+}
+
+// LoadTx is Load inside the caller's transaction.
+func LoadTx(ctx context.Context, tx pgx.Tx, key string) (events.Operation, error) {
+	return loadWith(ctx, tx, key)
+}
+
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+func loadWith(ctx context.Context, q querier, key string) (events.Operation, error) {
+	var record []byte
+	if err := q.QueryRow(ctx, `SELECT record FROM operations WHERE operation_key = $1`, key).Scan(&record); err != nil {
+		return events.Operation{}, fmt.Errorf("loading operation %s: %w", key, interpretError(err))
+	}
+	var op events.Operation
+	if err := json.Unmarshal(record, &op); err != nil {
+		return events.Operation{}, fmt.Errorf("loading operation %s: decoding the record: %w", key, err)
+	}
+	return op, nil
+}
+
+// LoadMany returns the head records of the operations that exist among keys.
+func (s *Store) LoadMany(ctx context.Context, keys []string) (map[string]events.Operation, error) {
+	rows, err := s.pool.Query(ctx, `SELECT record FROM operations WHERE operation_key = ANY($1)`, keys)
+	if err != nil {
+		return nil, fmt.Errorf("loading %d operations: %w", len(keys), interpretError(err))
+	}
+	records, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+	if err != nil {
+		return nil, fmt.Errorf("loading %d operations: %w", len(keys), interpretError(err))
+	}
+	ops := make(map[string]events.Operation, len(records))
+	for _, r := range records {
+		var op events.Operation
+		if err := json.Unmarshal(r, &op); err != nil {
+			return nil, fmt.Errorf("loading operations: decoding a record: %w", err)
+		}
+		ops[op.Key] = op
+	}
+	return ops, nil
+}
+
+// StoredEvent is an event as journaled, with the trace context it belongs to.
+type StoredEvent struct {
+	events.Envelope
+	Raw         []byte
+	Traceparent string
+}
+
+// Events returns the events of an operation with seq greater than afterSeq,
+// in order.
+func (s *Store) Events(ctx context.Context, key string, afterSeq int64) ([]StoredEvent, error) {
+	rows, err := s.pool.Query(ctx, `SELECT envelope, traceparent FROM events
+		WHERE operation_key = $1 AND seq > $2 ORDER BY seq`, key, afterSeq)
+	if err != nil {
+		return nil, fmt.Errorf("loading events of %s: %w", key, interpretError(err))
+	}
+	defer rows.Close()
+	var out []StoredEvent
+	for rows.Next() {
+		var raw []byte
+		var tp string
+		if err := rows.Scan(&raw, &tp); err != nil {
+			return nil, fmt.Errorf("loading events of %s: %w", key, err)
+		}
+		env, err := events.Decode(raw)
+		if err != nil {
+			return nil, fmt.Errorf("loading events of %s: %w", key, err)
+		}
+		out = append(out, StoredEvent{Envelope: env, Raw: raw, Traceparent: tp})
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("loading events of %s: %w", key, err)
+	}
+	return out, nil
+}
+
+// Replay folds the journaled events of an operation from scratch. It is the
+// reference the head record and the projection must agree with.
+func (s *Store) Replay(ctx context.Context, key string) (events.Operation, error) {
+	evs, err := s.Events(ctx, key, 0)
+	if err != nil {
+		return events.Operation{}, err
+	}
+	if len(evs) == 0 {
+		return events.Operation{}, fmt.Errorf("replaying %s: %w", key, ErrNotFound)
+	}
+	envs := make([]events.Envelope, len(evs))
+	for i, e := range evs {
+		envs[i] = e.Envelope
+	}
+	op, err := events.Fold(envs)
+	if err != nil {
+		return events.Operation{}, fmt.Errorf("replaying %s: %w", key, err)
+	}
+	return op, nil
+}
+
+// Traceparent returns the trace context stored with an operation's intent.
+func (s *Store) Traceparent(ctx context.Context, key string) (string, error) {
+	var tp string
+	err := s.pool.QueryRow(ctx, `SELECT traceparent FROM events WHERE operation_key = $1 AND seq = 1`, key).Scan(&tp)
+	if err != nil {
+		return "", fmt.Errorf("loading the trace context of %s: %w", key, interpretError(err))
+	}
+	return tp, nil
+}

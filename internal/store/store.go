@@ -1,0 +1,102 @@
+// Package store is effectline's PostgreSQL event store: the journal of every
+// operation's events, the head record of each operation, the outbox the relay
+// drains, and the embedded schema migrations. Driver errors are translated
+// here; pgconn never leaks out.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+var (
+	// ErrNotFound: no operation under that key.
+	ErrNotFound = errors.New("operation not found")
+	// ErrConflict: another writer appended first; reload and decide again.
+	ErrConflict = errors.New("append conflict")
+)
+
+// ConflictError says which append lost the race.
+type ConflictError struct {
+	OperationKey string
+	ExpectedSeq  int64
+}
+
+func (e *ConflictError) Error() string {
+	if e.ExpectedSeq == 0 {
+		return fmt.Sprintf("append conflict: operation %s already exists", e.OperationKey)
+	}
+	return fmt.Sprintf("append conflict: operation %s is no longer at seq %d", e.OperationKey, e.ExpectedSeq)
+}
+
+func (e *ConflictError) Unwrap() error { return ErrConflict }
+
+// IsConflict reports whether err is a lost append race.
+func IsConflict(err error) bool { return errors.Is(err, ErrConflict) }
+
+// Store is the event store. It is safe for concurrent use.
+type Store struct {
+	pool *pgxpool.Pool
+
+	mu        sync.Mutex
+	listeners []func()
+}
+
+// New returns a store on pool. The caller owns the pool.
+func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+// Pool returns the connection pool, for components that own their own queries.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// OnAppend registers fn to run after every commit that appended events
+// through this store. The relay uses it to wake at once for events written in
+// its own process, without paying a NOTIFY per transaction.
+func (s *Store) OnAppend(fn func()) {
+	s.mu.Lock()
+	s.listeners = append(s.listeners, fn)
+	s.mu.Unlock()
+}
+
+func (s *Store) appended() {
+	s.mu.Lock()
+	ls := s.listeners
+	s.mu.Unlock()
+	for _, fn := range ls {
+		fn()
+	}
+}
+
+// Connect opens a pool on url and checks that the server answers.
+func Connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parsing the database URL: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to PostgreSQL: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connecting to PostgreSQL at %s:%d: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
+	}
+	return pool, nil
+}
+
+// interpretError translates driver errors at the store boundary.
+func interpretError(err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrNotFound
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		return fmt.Errorf("%w: %s", ErrConflict, pgErr.ConstraintName)
+	}
+	return err
+}

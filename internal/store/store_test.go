@@ -1,0 +1,290 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/internal/store"
+	"github.com/effectline/effectline/internal/testenv"
+)
+
+func setup(t *testing.T) *store.Store {
+	t.Helper()
+	pool := testenv.NewPool(t, testenv.NewDatabase(t))
+	if _, err := store.Migrate(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	return store.New(pool)
+}
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+func intent(t *testing.T, key string, args string) events.Envelope {
+	t.Helper()
+	e, err := events.New(events.IntentRecorded, key, 1, "payments.charge", events.Irreversible, 0,
+		events.IntentData{Args: json.RawMessage(args), Principal: "billing-agent"}, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func started(t *testing.T, op events.Operation, worker string) events.Envelope {
+	t.Helper()
+	e, err := events.New(events.AttemptStarted, op.Key, op.Seq+1, op.Tool, op.EffectClass, op.Attempt+1,
+		events.AttemptStartedData{DownstreamKey: op.Key, Worker: worker, LeaseUntil: t0.Add(time.Minute)}, t0.Add(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func create(t *testing.T, s *store.Store, key string) events.Operation {
+	t.Helper()
+	op, err := s.Append(context.Background(), store.Append{Events: []events.Envelope{intent(t, key, `{"amount":1}`)}, TopicPrefix: "effectline."})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return op
+}
+
+func TestMigrateIsIdempotent(t *testing.T) {
+	t.Parallel()
+	pool := testenv.NewPool(t, testenv.NewDatabase(t))
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	applied := make([][]int, 4)
+	errs := make([]error, 4)
+	for i := range 4 {
+		wg.Add(1)
+		go func() { defer wg.Done(); applied[i], errs[i] = store.Migrate(ctx, pool) }()
+	}
+	wg.Wait()
+	total := 0
+	for i := range 4 {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		total += len(applied[i])
+	}
+	ms, _ := store.Migrations()
+	if total != len(ms) {
+		t.Fatalf("concurrent migrations applied %d versions in all, want each of %d once", total, len(ms))
+	}
+}
+
+func TestAppendCreatesAndLoads(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	op := create(t, s, "order-1/charge")
+	if op.Status != events.StatusPending || op.Seq != 1 {
+		t.Fatalf("new operation = %+v", op)
+	}
+	got, err := s.Load(ctx, "order-1/charge")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.PayloadHash != op.PayloadHash || got.Status != op.Status {
+		t.Fatalf("loaded %+v, appended %+v", got, op)
+	}
+	if _, err := s.Load(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Load of a missing key: %v, want ErrNotFound", err)
+	}
+	// Creating the same key again conflicts and writes nothing.
+	_, err = s.Append(ctx, store.Append{Events: []events.Envelope{intent(t, "order-1/charge", `{"amount":2}`)}})
+	var ce *store.ConflictError
+	if !errors.As(err, &ce) || ce.ExpectedSeq != 0 {
+		t.Fatalf("second create: %v, want a ConflictError at seq 0", err)
+	}
+	evs, err := s.Events(ctx, "order-1/charge", 0)
+	if err != nil || len(evs) != 1 {
+		t.Fatalf("events = %d, %v; want 1", len(evs), err)
+	}
+	replayed, err := s.Replay(ctx, "order-1/charge")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if replayed.PayloadHash != got.PayloadHash || replayed.Seq != got.Seq {
+		t.Fatalf("replay %+v differs from head %+v", replayed, got)
+	}
+}
+
+// TestConcurrentAppendOneWinner: 16 writers on 16 connections append seq n+1
+// to one operation; exactly one wins, the others get the typed conflict, and
+// nothing else is written.
+func TestConcurrentAppendOneWinner(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	op := create(t, s, "race")
+	const writers = 16
+	start := make(chan struct{})
+	errs := make([]error, writers)
+	var wg sync.WaitGroup
+	for i := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ev := started(t, op, fmt.Sprintf("worker-%d", i))
+			<-start
+			_, errs[i] = s.Append(ctx, store.Append{Base: op, Events: []events.Envelope{ev}, TopicPrefix: "effectline."})
+		}()
+	}
+	close(start)
+	wg.Wait()
+	wins := 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			wins++
+		case store.IsConflict(err):
+		default:
+			t.Fatalf("unexpected error: %v", err)
+		}
+	}
+	if wins != 1 {
+		t.Fatalf("%d writers won, want exactly 1", wins)
+	}
+	var events_, outbox int
+	if err := s.Pool().QueryRow(ctx, `SELECT count(*) FROM events WHERE operation_key = 'race'`).Scan(&events_); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Pool().QueryRow(ctx, `SELECT count(*) FROM outbox WHERE operation_key = 'race'`).Scan(&outbox); err != nil {
+		t.Fatal(err)
+	}
+	// intent: intents + outcomes; attempt.started: outcomes.
+	if events_ != 2 || outbox != 3 {
+		t.Fatalf("events=%d outbox=%d, want 2 and 3", events_, outbox)
+	}
+}
+
+func TestAppendBatchIsolatesConflicts(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	a, b := create(t, s, "a"), create(t, s, "b")
+	res := s.AppendBatch(ctx, []store.Append{
+		{Base: a, Events: []events.Envelope{started(t, a, "w1")}},
+		{Base: a, Events: []events.Envelope{started(t, a, "w2")}}, // same base: loses
+		{Base: b, Events: []events.Envelope{started(t, b, "w1")}},
+		{Events: []events.Envelope{intent(t, "c", `{"x":1}`)}},
+	})
+	if res[0].Err != nil || res[2].Err != nil || res[3].Err != nil {
+		t.Fatalf("batch results: %+v", res)
+	}
+	if !store.IsConflict(res[1].Err) {
+		t.Fatalf("second append from the same base: %v, want a conflict", res[1].Err)
+	}
+	got, _ := s.Load(ctx, "a")
+	if got.LeaseOwner != "w1" || got.Status != events.StatusInProgress {
+		t.Fatalf("a = %+v", got)
+	}
+}
+
+func TestAppendRejectsIllegalTransitions(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	op := create(t, s, "k")
+	ev := started(t, op, "w")
+	ev.Seq = 5
+	_, err := s.Append(context.Background(), store.Append{Base: op, Events: []events.Envelope{ev}})
+	if !errors.Is(err, events.ErrIllegalTransition) {
+		t.Fatalf("append with a seq gap: %v, want ErrIllegalTransition", err)
+	}
+}
+
+func TestCommitterGroupsConcurrentAppends(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	c := s.NewCommitter(store.CommitterConfig{MaxBatch: 64, Flushers: 2})
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	const n = 200
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = c.Append(ctx, store.Append{Events: []events.Envelope{intent(t, fmt.Sprintf("k%d", i), `{"i":1}`)}})
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("append %d: %v", i, err)
+		}
+	}
+	cancel()
+	<-done
+	if _, err := c.Append(context.Background(), store.Append{Events: []events.Envelope{intent(t, "late", `{}`)}}); !errors.Is(err, store.ErrCommitterStopped) {
+		t.Fatalf("append after stop: %v, want ErrCommitterStopped", err)
+	}
+	var count int
+	_ = s.Pool().QueryRow(context.Background(), `SELECT count(*) FROM operations`).Scan(&count)
+	if count != n {
+		t.Fatalf("%d operations, want %d", count, n)
+	}
+}
+
+func TestDueAndLeaseQueries(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	op := create(t, s, "due")
+	keys, err := s.DueOperations(ctx, t0, 10)
+	if err != nil || len(keys) != 0 {
+		t.Fatalf("due before the pickup grace: %v %v", keys, err)
+	}
+	keys, _ = s.DueOperations(ctx, t0.Add(events.IntentPickupGrace), 10)
+	if len(keys) != 1 {
+		t.Fatalf("due after the pickup grace: %v", keys)
+	}
+	op, err = s.Append(ctx, store.Append{Base: op, Events: []events.Envelope{started(t, op, "w")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if keys, _ := s.ExpiredLeases(ctx, t0.Add(30*time.Second), 10); len(keys) != 0 {
+		t.Fatalf("lease expired early: %v", keys)
+	}
+	ok, err := s.ExtendLease(ctx, "due", op.Seq, t0.Add(5*time.Minute))
+	if err != nil || !ok {
+		t.Fatalf("extend lease: %v %v", ok, err)
+	}
+	if keys, _ := s.ExpiredLeases(ctx, t0.Add(2*time.Minute), 10); len(keys) != 0 {
+		t.Fatalf("extended lease counted as expired: %v", keys)
+	}
+	if keys, _ := s.ExpiredLeases(ctx, t0.Add(6*time.Minute), 10); len(keys) != 1 {
+		t.Fatalf("expired lease not found: %v", keys)
+	}
+	if ok, _ := s.ExtendLease(ctx, "due", op.Seq-1, t0.Add(time.Hour)); ok {
+		t.Fatal("a stale seq extended the lease")
+	}
+}
+
+func TestAppendTxFollowsTheCallersTransaction(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	tx, err := s.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.AppendTx(ctx, tx, store.Append{Events: []events.Envelope{intent(t, "rolled-back", `{}`)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Load(ctx, "rolled-back"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("rolled back intent is visible: %v", err)
+	}
+}
