@@ -7,6 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"reflect"
+	"strings"
+	"sync"
 	"time"
 )
 
@@ -153,6 +157,10 @@ func validateData(d any) error {
 		if d.Principal == "" {
 			return invalid("data.principal", "missing")
 		}
+		// An intent whose args cannot be hashed could never be folded.
+		if _, err := Canonicalize(d.Args); err != nil {
+			return invalid("data.args", "%v", err)
+		}
 	case *IntentRejectedData:
 		if d.Reason == "" {
 			return invalid("data.reason", "missing")
@@ -182,6 +190,9 @@ func validateData(d any) error {
 		if d.DownstreamKey == "" {
 			return invalid("data.downstream_key", "missing")
 		}
+		if d.LeaseUntil.IsZero() {
+			return invalid("data.lease_until", "missing")
+		}
 	case *CompensationFailedData:
 		if d.Outcome != Failed && d.Outcome != Unknown {
 			return invalid("data.outcome", "must be failed or unknown, got %q", d.Outcome)
@@ -208,22 +219,102 @@ func validateData(d any) error {
 	return nil
 }
 
+// strictUnmarshal decodes one JSON object into v, refusing what
+// encoding/json would let through but a parser in another language might
+// read differently: unknown fields, names that match only case-insensitively,
+// duplicate names (Go keeps the last, others the first) and trailing data.
 func strictUnmarshal(b []byte, v any) error {
+	if err := checkObjectNames(b, jsonNames(v)); err != nil {
+		return err
+	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return err
 	}
-	if dec.More() {
+	if _, err := dec.Token(); err != io.EOF {
 		return errors.New("trailing data after the JSON value")
 	}
 	return nil
 }
 
+// checkObjectNames reports a top-level member name of the object in b that
+// is duplicated or not exactly one of names. Values are skipped unparsed.
+func checkObjectNames(b []byte, names map[string]bool) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return errors.New("not a JSON object")
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		name, _ := tok.(string)
+		if seen[name] {
+			return fmt.Errorf("duplicate field %q", name)
+		}
+		seen[name] = true
+		if !names[name] {
+			return fmt.Errorf("unknown field %q", name)
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+var namesCache sync.Map // reflect.Type -> map[string]bool
+
+// jsonNames returns the JSON member names of the struct v points to.
+func jsonNames(v any) map[string]bool {
+	t := reflect.TypeOf(v)
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if m, ok := namesCache.Load(t); ok {
+		return m.(map[string]bool)
+	}
+	m := map[string]bool{}
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" || !f.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		m[name] = true
+	}
+	namesCache.Store(t, m)
+	return m
+}
+
+// marshal is json.Marshal without HTML escaping: escaping turns one byte of
+// '<' into six, so an event accepted under the size limit could exceed it
+// when re-encoded.
+func marshal(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
 // Encode returns the JSON of e. It validates e with Decode's rules, so
 // effectline never emits an event its own consumers would reject.
 func Encode(e Envelope) ([]byte, error) {
-	b, err := json.Marshal(e)
+	b, err := marshal(e)
 	if err != nil {
 		return nil, fmt.Errorf("encoding %s event: %w", e.Type, err)
 	}
@@ -235,7 +326,7 @@ func Encode(e Envelope) ([]byte, error) {
 
 // New builds an envelope with a fresh event id, marshalling data.
 func New(t Type, key string, seq int64, tool string, class EffectClass, attempt int, data any, at time.Time) (Envelope, error) {
-	raw, err := json.Marshal(data)
+	raw, err := marshal(data)
 	if err != nil {
 		return Envelope{}, fmt.Errorf("encoding %s data: %w", t, err)
 	}

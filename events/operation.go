@@ -115,6 +115,9 @@ func Apply(op Operation, e Envelope) (Operation, error) {
 	if op.Seq > 0 && e.OperationKey != op.Key {
 		return illegal("event of operation " + e.OperationKey)
 	}
+	if op.Seq == 0 && e.Type != IntentRecorded {
+		return illegal("the operation has no intent")
+	}
 	d, err := e.DecodeData()
 	if err != nil {
 		return op, err
@@ -315,6 +318,9 @@ func outcomeApplies(op Operation, t Type) bool {
 // successResolves reports whether a late success of the current attempt
 // settles the operation: it is unresolved and the attempt was not undone.
 func successResolves(op Operation) bool {
+	if op.DownstreamKey != DownstreamKeyFor(op.Key, op.Compensations) {
+		return false // the attempt was compensated: its effect no longer stands
+	}
 	switch op.Status {
 	case StatusNeedsReconciliation, StatusEscalated:
 		return op.Phase == PhaseAttempt

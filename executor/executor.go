@@ -1,0 +1,246 @@
+// Package executor runs intents: it consumes effectline.intents, records each
+// intent if it is new, decides the next step of the operation per effect
+// class, claims it atomically in the event store, invokes the tool with the
+// downstream idempotency key, classifies what came back and journals the
+// outcome. A due-time poller runs scheduled retries and compensations, so a
+// retry waiting for its backoff never holds up a Kafka partition.
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/store"
+	"github.com/effectline/effectline/internal/tool"
+)
+
+// Tools is what the executor needs of the tools registry.
+type Tools interface {
+	Get(name string) (tool.Tool, bool)
+}
+
+// Config configures an Executor.
+type Config struct {
+	Kafka kafka.Config
+	// Group is the Kafka consumer group. Default "effectline-executor".
+	Group string
+	// Worker names this executor in leases. Default host-pid-random.
+	Worker string
+	// Lease is how long a claimed step is this worker's before the
+	// reconciler treats it as abandoned. Long calls renew it. Default 30s.
+	Lease time.Duration
+	// Concurrency caps the tool calls in flight. Default 256.
+	Concurrency int
+	// PollInterval is how often the due-time poller looks for retries,
+	// compensations and intents nobody picked up. Default 250ms.
+	PollInterval time.Duration
+	// PollBatch caps the operations one poll starts. Default 256.
+	PollBatch int
+	// ShutdownGrace is how long in-flight calls may run after Run's context
+	// ends; calls still running then are cancelled and journaled as Unknown.
+	// Default 10s.
+	ShutdownGrace time.Duration
+	// Committer, if set, is shared with other components of the process so
+	// their appends share commits; otherwise the executor runs its own.
+	Committer *store.Committer
+
+	Logger         *slog.Logger
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
+	// Now and Rand are for tests.
+	Now  func() time.Time
+	Rand func() float64
+}
+
+// WithDefaults fills unset fields.
+func (c Config) WithDefaults() Config {
+	if c.Group == "" {
+		c.Group = "effectline-executor"
+	}
+	if c.Worker == "" {
+		host, _ := os.Hostname()
+		c.Worker = fmt.Sprintf("%s-%d-%04x", host, os.Getpid(), rand.IntN(1<<16))
+	}
+	if c.Lease <= 0 {
+		c.Lease = 30 * time.Second
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 256
+	}
+	if c.PollInterval <= 0 {
+		c.PollInterval = 250 * time.Millisecond
+	}
+	if c.PollBatch <= 0 {
+		c.PollBatch = 256
+	}
+	if c.ShutdownGrace <= 0 {
+		c.ShutdownGrace = 10 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
+	}
+	if c.MeterProvider == nil {
+		c.MeterProvider = otel.GetMeterProvider()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Rand == nil {
+		c.Rand = rand.Float64
+	}
+	c.Kafka = c.Kafka.WithDefaults()
+	return c
+}
+
+// Executor runs intents. Create it with New and start it with Run.
+type Executor struct {
+	cfg       Config
+	store     *store.Store
+	tools     Tools
+	committer *store.Committer
+	log       *slog.Logger
+	tel       *telemetry
+
+	slots chan struct{} // one per call in flight
+	// inflight tracks operations this process is working on, so a kick, a
+	// poll and a redelivered message for the same operation don't pile up.
+	mu       sync.Mutex
+	inflight map[string]bool
+	calls    sync.WaitGroup
+	// callCtx is cancelled when the shutdown grace ends.
+	callCtx    context.Context
+	cancelCall context.CancelFunc
+	kicks      chan string
+}
+
+// New returns an executor. It does no I/O.
+func New(st *store.Store, tools Tools, cfg Config) (*Executor, error) {
+	cfg = cfg.WithDefaults()
+	if st == nil || tools == nil {
+		return nil, errors.New("executor: a store and a tools registry are required")
+	}
+	tel, err := newTelemetry(cfg.TracerProvider, cfg.MeterProvider)
+	if err != nil {
+		return nil, fmt.Errorf("executor: %w", err)
+	}
+	e := &Executor{
+		cfg:       cfg,
+		store:     st,
+		tools:     tools,
+		committer: cfg.Committer,
+		log:       cfg.Logger.With("component", "executor", "worker", cfg.Worker),
+		tel:       tel,
+		slots:     make(chan struct{}, cfg.Concurrency),
+		inflight:  map[string]bool{},
+		kicks:     make(chan string, 1024),
+	}
+	e.callCtx, e.cancelCall = context.WithCancel(context.Background())
+	return e, nil
+}
+
+// Run consumes intents and runs due steps until ctx ends, then stops taking
+// work, gives in-flight calls ShutdownGrace to finish, cancels the rest (they
+// are journaled as Unknown) and returns. Kafka offsets of handled messages
+// are committed when the subscriber closes.
+func (e *Executor) Run(ctx context.Context) error {
+	// The committer outlives the intake so outcomes of calls still in flight
+	// at shutdown are journaled.
+	commitCtx, stopCommitter := context.WithCancel(context.WithoutCancel(ctx))
+	committerDone := make(chan error, 1)
+	if e.committer == nil {
+		e.committer = e.store.NewCommitter(store.CommitterConfig{})
+		go func() { committerDone <- e.committer.Run(commitCtx) }()
+	} else {
+		committerDone <- nil
+	}
+	defer func() {
+		stopCommitter()
+		<-committerDone
+	}()
+
+	sub, err := kafka.NewSubscriber(e.cfg.Kafka, e.cfg.Group, e.cfg.Logger)
+	if err != nil {
+		return fmt.Errorf("executor: %w", err)
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, kafka.WatermillLogger(e.cfg.Logger))
+	if err != nil {
+		return fmt.Errorf("executor: %w", err)
+	}
+	router.AddConsumerHandler("executor", e.cfg.Kafka.Topic("intents"), sub, e.handleIntent)
+
+	intakeCtx, stopIntake := context.WithCancel(ctx)
+	defer stopIntake()
+	routerDone := make(chan error, 1)
+	go func() { routerDone <- router.Run(intakeCtx) }()
+	pollDone := make(chan struct{})
+	go func() { defer close(pollDone); e.poll(intakeCtx) }()
+
+	e.log.InfoContext(ctx, "executor started", "group", e.cfg.Group, "concurrency", e.cfg.Concurrency)
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-routerDone:
+		// The router stops by itself only when its subscriber failed.
+		if runErr == nil {
+			runErr = errors.New("executor: intent consumer stopped")
+		}
+		stopIntake()
+	}
+	_ = router.Close()
+	if runErr == nil {
+		<-routerDone
+	}
+	<-pollDone
+	_ = sub.Close()
+	e.drain(ctx)
+	e.log.Info("executor stopped")
+	return runErr
+}
+
+// drain waits for calls in flight, up to the grace period, then cancels them;
+// a cancelled call is classified Unknown (the request may have been sent)
+// and journaled by the committer, which is still running.
+func (e *Executor) drain(ctx context.Context) {
+	done := make(chan struct{})
+	go func() { e.calls.Wait(); close(done) }()
+	select {
+	case <-done:
+		return
+	case <-time.After(e.cfg.ShutdownGrace):
+		e.log.WarnContext(context.WithoutCancel(ctx), "shutdown grace ended, cancelling calls in flight")
+		e.cancelCall()
+	}
+	<-done
+}
+
+// claimOp marks key as being worked on by this process; false if it already is.
+func (e *Executor) claimOp(key string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.inflight[key] {
+		return false
+	}
+	e.inflight[key] = true
+	return true
+}
+
+func (e *Executor) releaseOp(key string) {
+	e.mu.Lock()
+	delete(e.inflight, key)
+	e.mu.Unlock()
+}

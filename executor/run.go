@@ -1,0 +1,272 @@
+package executor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/policy"
+	"github.com/effectline/effectline/internal/store"
+	"github.com/effectline/effectline/internal/tool"
+)
+
+// runAttempt calls the tool for the claimed attempt of op and journals the
+// outcome. op is the record as the claim left it.
+func (e *Executor) runAttempt(ctx context.Context, span trace.Span, op events.Operation, t tool.Tool) {
+	stop := e.heartbeat(ctx, op)
+	started := e.cfg.Now()
+	res := t.Invoke(ctx, tool.Call{
+		OperationKey:  op.Key,
+		DownstreamKey: op.DownstreamKey,
+		DownstreamID:  op.DownstreamID,
+		UndoRef:       op.UndoRef,
+		Principal:     op.Principal,
+		Attempt:       op.Attempt,
+		Args:          op.Args,
+	})
+	stop()
+	now := e.cfg.Now()
+	spec := outcomeSpec(op, res, t.Spec().Caps, now, e.cfg.Rand)
+	next := e.record(ctx, op, spec)
+	e.tel.endAttempt(ctx, span, op, res, now.Sub(started))
+	e.afterOutcome(ctx, next)
+}
+
+// outcomeSpec turns a classified result into the outcome event, deciding the
+// next step per effect class (DESIGN §2).
+func outcomeSpec(op events.Operation, res tool.Result, caps policy.Caps, now time.Time, rnd func() float64) eventSpec {
+	first := now
+	if op.FirstAttemptAt != nil {
+		first = *op.FirstAttemptAt
+	}
+	switch res.Outcome {
+	case events.Succeeded:
+		return eventSpec{typ: events.AttemptSucceeded, attempt: op.Attempt, data: &events.AttemptSucceededData{
+			StatusCode: res.StatusCode, Result: res.Body, DownstreamID: res.DownstreamID, UndoRef: res.UndoRef,
+		}}
+	case events.Failed:
+		retryAt := policy.AfterFailure(res.Kind, caps, op.Attempt, first, now, res.RetryAfter, rnd)
+		return attemptFailed(op, res, retryAt)
+	default:
+		next, retryAt := policy.AfterUnknown(op.EffectClass, caps, op.Attempt, first, now, res.RetryAfter, rnd)
+		return eventSpec{typ: events.AttemptUnknown, attempt: op.Attempt, data: &events.AttemptUnknownData{
+			ErrorClass: orDefault(res.ErrorClass, "unknown"), Error: errText(res.Err), StatusCode: res.StatusCode,
+			Next: next, RetryAt: retryAt,
+		}}
+	}
+}
+
+func attemptFailed(op events.Operation, res tool.Result, retryAt *time.Time) eventSpec {
+	kind := res.Kind
+	if kind == "" {
+		kind = events.Final
+	}
+	if kind == events.Final {
+		retryAt = nil
+	}
+	return eventSpec{typ: events.AttemptFailed, attempt: max(op.Attempt, 1), data: &events.AttemptFailedData{
+		Kind: kind, ErrorClass: orDefault(res.ErrorClass, "failed"), Error: errText(res.Err),
+		StatusCode: res.StatusCode, RetryAt: retryAt,
+	}}
+}
+
+// runCompensation calls the undo of the claimed compensation of op.
+func (e *Executor) runCompensation(ctx context.Context, span trace.Span, op events.Operation, t tool.Tool) {
+	stop := e.heartbeat(ctx, op)
+	started := e.cfg.Now()
+	res := t.(tool.Compensator).Compensate(ctx, tool.Call{
+		OperationKey:  op.Key,
+		DownstreamKey: op.DownstreamKey,
+		DownstreamID:  op.DownstreamID,
+		UndoRef:       op.UndoRef,
+		Principal:     op.Principal,
+		Attempt:       op.Attempt,
+		Args:          op.Args,
+	})
+	stop()
+	now := e.cfg.Now()
+	var spec eventSpec
+	if res.Outcome == events.Succeeded {
+		first := now
+		if op.FirstAttemptAt != nil {
+			first = *op.FirstAttemptAt
+		}
+		spec = eventSpec{typ: events.CompensationSucceeded, attempt: op.Attempt, data: &events.CompensationSucceededData{
+			StatusCode: res.StatusCode,
+			RetryAt:    policy.AfterCompensation(t.Spec().Caps, op.Attempt, first, now, e.cfg.Rand),
+		}}
+	} else {
+		spec = compensationFailed(op, res)
+	}
+	next := e.record(ctx, op, spec)
+	e.tel.endAttempt(ctx, span, op, res, now.Sub(started))
+	e.afterOutcome(ctx, next)
+}
+
+func compensationFailed(op events.Operation, res tool.Result) eventSpec {
+	outcome := res.Outcome
+	if outcome != events.Failed {
+		outcome = events.Unknown
+	}
+	return eventSpec{typ: events.CompensationFailed, attempt: max(op.Attempt, 1), data: &events.CompensationFailedData{
+		Outcome: outcome, ErrorClass: orDefault(res.ErrorClass, "compensation_failed"),
+		Error: errText(res.Err), StatusCode: res.StatusCode,
+	}}
+}
+
+// record journals the outcome of the step claimed at claimed.Seq. If the
+// operation moved on meanwhile (this worker's lease expired and the sweep
+// declared the attempt Unknown, say), the outcome is journaled anyway on top
+// of the newer state, marked late: the fold keeps it as evidence and cannot
+// let it overwrite a newer attempt, but an effect that happened is never
+// dropped. Journaling outlives the call's context: the effect already
+// happened or not, and the journal must say so.
+func (e *Executor) record(ctx context.Context, claimed events.Operation, spec eventSpec) events.Operation {
+	ctx = context.WithoutCancel(ctx)
+	base := claimed
+	backoff := 50 * time.Millisecond
+	deadline := e.cfg.Now().Add(10 * time.Minute)
+	for {
+		now := e.cfg.Now()
+		evs, err := e.build(base, now, spec)
+		if err == nil {
+			var next events.Operation
+			next, err = e.committer.Append(ctx, store.Append{
+				Base: base, Events: evs, Traceparent: kafka.TraceparentFrom(ctx), TopicPrefix: e.cfg.Kafka.TopicPrefix,
+			})
+			if err == nil {
+				return next
+			}
+		}
+		switch {
+		case store.IsConflict(err):
+			cur, lerr := e.store.Load(ctx, claimed.Key)
+			if lerr != nil {
+				err = lerr
+				break
+			}
+			base = cur
+			spec = asLate(spec)
+			continue
+		case errors.Is(err, events.ErrIllegalTransition):
+			// The newer state does not accept even evidence of this kind;
+			// keep the outcome in the log rather than lose it silently.
+			e.log.ErrorContext(ctx, "outcome could not be journaled", "operation_key", claimed.Key,
+				"event_type", spec.typ, "attempt", spec.attempt, "error", err)
+			return base
+		}
+		if e.cfg.Now().After(deadline) {
+			e.log.ErrorContext(ctx, "giving up journaling an outcome; the lease sweep will reconcile it",
+				"operation_key", claimed.Key, "event_type", spec.typ, "error", err)
+			return base
+		}
+		e.log.WarnContext(ctx, "journaling an outcome failed, retrying", "operation_key", claimed.Key, "error", err)
+		time.Sleep(backoff)
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// asLate marks an outcome as reported by a worker that lost its lease, and
+// strips the scheduling decision it carried: the newer state decides.
+func asLate(s eventSpec) eventSpec {
+	switch d := s.data.(type) {
+	case *events.AttemptSucceededData:
+		c := *d
+		c.Late = true
+		s.data = &c
+	case *events.AttemptFailedData:
+		c := *d
+		c.Late, c.RetryAt = true, nil
+		s.data = &c
+	case *events.AttemptUnknownData:
+		c := *d
+		c.Late, c.RetryAt, c.Next = true, nil, events.NextReconcile
+		s.data = &c
+	case *events.CompensationSucceededData:
+		c := *d
+		c.RetryAt = nil
+		s.data = &c
+	}
+	return s
+}
+
+// heartbeat renews the lease of a long call until stop is called.
+func (e *Executor) heartbeat(ctx context.Context, op events.Operation) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(e.cfg.Lease / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				ok, err := e.store.ExtendLease(ctx, op.Key, op.Seq, e.cfg.Now().Add(e.cfg.Lease))
+				if err != nil {
+					e.log.WarnContext(ctx, "renewing a lease failed", "operation_key", op.Key, "error", err)
+				} else if !ok {
+					e.log.WarnContext(ctx, "lease lost during a call; its outcome will be journaled as late evidence",
+						"operation_key", op.Key, "attempt", op.Attempt)
+					return
+				}
+			}
+		}
+	}()
+	return func() { close(done) }
+}
+
+// afterOutcome schedules the next step in this process when it is due soon;
+// the poller is the safety net if this process dies first.
+func (e *Executor) afterOutcome(ctx context.Context, op events.Operation) {
+	if op.Status.Terminal() {
+		e.tel.recordTerminal(ctx, op, e.cfg.Now())
+	}
+	if op.Status != events.StatusPending || op.DueAt == nil {
+		return
+	}
+	d := op.DueAt.Sub(e.cfg.Now())
+	if d > 2*e.cfg.PollInterval+time.Second {
+		return
+	}
+	key := op.Key
+	time.AfterFunc(max(d, 0), func() {
+		select {
+		case e.kicks <- key:
+		default: // the poller will find it
+		}
+	})
+}
+
+func requestEvidence(op events.Operation, t tool.Tool) json.RawMessage {
+	req := map[string]any{
+		"operation_key": op.Key,
+		"tool":          op.Tool,
+		"principal":     op.Principal,
+		"args":          t.Spec().Redact(op.Args),
+	}
+	b, _ := json.Marshal(req)
+	return b
+}
+
+func orDefault(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	s := err.Error()
+	if len(s) > 500 {
+		s = s[:500]
+	}
+	return s
+}

@@ -1,0 +1,145 @@
+package executor
+
+import (
+	"context"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/internal/tool"
+)
+
+const instrumentation = "github.com/effectline/effectline/executor"
+
+// Span attribute keys (DESIGN §8).
+var (
+	attrOperationKey = attribute.Key("effectline.operation_key")
+	attrTool         = attribute.Key("effectline.tool")
+	attrEffectClass  = attribute.Key("effectline.effect_class")
+	attrAttempt      = attribute.Key("effectline.attempt")
+	attrOutcome      = attribute.Key("effectline.outcome")
+	attrErrorClass   = attribute.Key("effectline.error_class")
+	attrBackoff      = attribute.Key("effectline.backoff_waited_ms")
+	attrRule         = attribute.Key("effectline.rule")
+	attrDownKey      = attribute.Key("effectline.downstream_key")
+	attrStatusCode   = attribute.Key("http.response.status_code")
+)
+
+type telemetry struct {
+	tracer    trace.Tracer
+	attempts  metric.Int64Counter
+	unknowns  metric.Int64Counter
+	journaled metric.Int64Counter
+	bad       metric.Int64Counter
+	intents   metric.Int64Counter
+	e2e       metric.Float64Histogram
+	callTime  metric.Float64Histogram
+}
+
+func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
+	m := mp.Meter(instrumentation)
+	t := &telemetry{tracer: tp.Tracer(instrumentation)}
+	var err error
+	if t.attempts, err = m.Int64Counter("effectline.attempts",
+		metric.WithDescription("Tool calls finished, by tool, effect class and outcome.")); err != nil {
+		return nil, err
+	}
+	if t.unknowns, err = m.Int64Counter("effectline.unknowns",
+		metric.WithDescription("Calls whose outcome is unknown: the effect may have happened.")); err != nil {
+		return nil, err
+	}
+	if t.journaled, err = m.Int64Counter("effectline.executor.steps",
+		metric.WithDescription("Steps the executor journaled, by kind.")); err != nil {
+		return nil, err
+	}
+	if t.bad, err = m.Int64Counter("effectline.executor.malformed_messages",
+		metric.WithDescription("Messages on the intents topic that were not valid intents.")); err != nil {
+		return nil, err
+	}
+	if t.intents, err = m.Int64Counter("effectline.executor.intents_from_kafka",
+		metric.WithDescription("Intents produced straight to Kafka and journaled by the executor.")); err != nil {
+		return nil, err
+	}
+	if t.e2e, err = m.Float64Histogram("effectline.operation.duration", metric.WithUnit("s"),
+		metric.WithDescription("From the intent to a terminal state."),
+		metric.WithExplicitBucketBoundaries(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)); err != nil {
+		return nil, err
+	}
+	if t.callTime, err = m.Float64Histogram("effectline.call.duration", metric.WithUnit("s"),
+		metric.WithDescription("Duration of tool calls."),
+		metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+func opAttrs(op events.Operation) []attribute.KeyValue {
+	return []attribute.KeyValue{
+		attrOperationKey.String(op.Key), attrTool.String(op.Tool),
+		attrEffectClass.String(string(op.EffectClass)),
+	}
+}
+
+// startStep opens the span of one attempt or compensation: a child of the
+// operation's trace, ended when its outcome is journaled.
+func (t *telemetry) startStep(ctx context.Context, op events.Operation, st step) (context.Context, trace.Span) {
+	name := "attempt"
+	if st.kind == stepCompensate {
+		name = "compensation"
+	}
+	attrs := append(opAttrs(op), attrAttempt.Int(st.events[0].Attempt), attrRule.String(st.rule))
+	if d, err := st.events[0].DecodeData(); err == nil {
+		switch d := d.(type) {
+		case *events.AttemptStartedData:
+			attrs = append(attrs, attrBackoff.Int64(d.BackoffWaitedMS), attrDownKey.String(d.DownstreamKey))
+		case *events.CompensationStartedData:
+			attrs = append(attrs, attrDownKey.String(d.DownstreamKey))
+		}
+	}
+	return t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+}
+
+func (t *telemetry) endAttempt(ctx context.Context, span trace.Span, op events.Operation, res tool.Result, took time.Duration) {
+	outcome := string(res.Outcome)
+	span.SetAttributes(attrOutcome.String(outcome), attrErrorClass.String(res.ErrorClass))
+	if res.StatusCode != 0 {
+		span.SetAttributes(attrStatusCode.Int(res.StatusCode))
+	}
+	switch res.Outcome {
+	case events.Succeeded:
+		span.SetStatus(codes.Ok, "")
+	case events.Failed:
+		span.SetStatus(codes.Error, "failed: "+res.ErrorClass)
+	default:
+		span.SetStatus(codes.Error, "unknown outcome: "+res.ErrorClass)
+	}
+	span.End()
+	set := metric.WithAttributes(attribute.String("tool", op.Tool),
+		attribute.String("effect_class", string(op.EffectClass)), attribute.String("outcome", outcome))
+	t.attempts.Add(ctx, 1, set)
+	t.callTime.Record(ctx, took.Seconds(), metric.WithAttributes(attribute.String("tool", op.Tool)))
+	if res.Outcome == events.Unknown {
+		t.unknowns.Add(ctx, 1, metric.WithAttributes(attribute.String("tool", op.Tool),
+			attribute.String("error_class", res.ErrorClass)))
+	}
+}
+
+func (t *telemetry) recordJournal(ctx context.Context, op events.Operation, st step) {
+	kind := map[stepKind]string{stepJournal: "journal", stepAttempt: "attempt", stepCompensate: "compensation"}[st.kind]
+	t.journaled.Add(ctx, 1, metric.WithAttributes(attribute.String("kind", kind)))
+	if op.Status.Terminal() {
+		t.recordTerminal(ctx, op, op.UpdatedAt)
+	}
+}
+
+func (t *telemetry) recordTerminal(ctx context.Context, op events.Operation, now time.Time) {
+	t.e2e.Record(ctx, now.Sub(op.CreatedAt).Seconds(), metric.WithAttributes(
+		attribute.String("tool", op.Tool), attribute.String("status", string(op.Status))))
+}
+
+func (t *telemetry) malformed(ctx context.Context)       { t.bad.Add(ctx, 1) }
+func (t *telemetry) intentJournaled(ctx context.Context) { t.intents.Add(ctx, 1) }
