@@ -254,6 +254,12 @@ func Apply(op Operation, e Envelope) (Operation, error) {
 			next.LastErrorClass = ""
 		case d.RetryAt != nil:
 			next.Status, next.DueAt = StatusPending, utcPtr(*d.RetryAt)
+			if undoMayHaveRun(op) {
+				// A retry under the same key could be answered with the
+				// undone effect's stored result, so it goes out under a new
+				// key.
+				next.Compensations++
+			}
 		default:
 			// Provably absent, but the class forbids a blind retry: a human
 			// decides; the escalation event follows.
@@ -284,6 +290,9 @@ func Apply(op Operation, e Envelope) (Operation, error) {
 			}
 			next.Status, next.Phase, next.DueAt = StatusPending, PhaseAttempt, utcPtr(*d.RetryAt)
 			next.Approved = true
+			if undoMayHaveRun(op) {
+				next.Compensations++ // as for a resolution: never retry under an undone key
+			}
 		case ActionCompensate:
 			if op.EffectClass != Compensable {
 				return illegal("only a compensable effect is compensated")
@@ -328,6 +337,13 @@ func successResolves(op Operation) bool {
 		return op.Phase == PhaseAttempt && op.Attempt > 0
 	}
 	return false
+}
+
+// undoMayHaveRun reports whether op is in its compensation phase with the
+// current attempt's key not yet retired.
+func undoMayHaveRun(op Operation) bool {
+	return op.Phase == PhaseCompensation && op.Attempt > 0 &&
+		op.DownstreamKey == DownstreamKeyFor(op.Key, op.Compensations)
 }
 
 func utcPtr(t time.Time) *time.Time {

@@ -396,9 +396,10 @@ func TestApplyTransitions(t *testing.T) {
 			func(o *events.Operation, _ time.Time) {
 				o.Status, o.Phase, o.DueAt = events.StatusPending, events.PhaseAttempt, timePtr(retryAt)
 			}},
-		{"absent after a failed undo with retry_at retries the attempt", events.Compensable, hCompNeedsRec, resolvedStep(false, &retryAt),
+		{"absent after a failed undo with retry_at retries under a new key", events.Compensable, hCompNeedsRec, resolvedStep(false, &retryAt),
 			func(o *events.Operation, _ time.Time) {
 				o.Status, o.Phase, o.DueAt = events.StatusPending, events.PhaseAttempt, timePtr(retryAt)
+				o.Compensations++ // the undo may have run: the undone key is retired
 			}},
 		{"absent without retry_at still needs a decision", events.Irreversible, hNeedsRec, resolvedStep(false, nil),
 			func(o *events.Operation, _ time.Time) {
@@ -438,10 +439,11 @@ func TestApplyTransitions(t *testing.T) {
 				o.Status, o.Phase, o.DueAt = events.StatusPending, events.PhaseAttempt, timePtr(retryAt)
 				o.Approved, o.Escalation = true, nil
 			}},
-		{"retry after a failed undo retries the attempt", events.Compensable, hCompEscalated, decisionStep(events.ActionRetry, &retryAt),
+		{"retry after a failed undo retries under a new key", events.Compensable, hCompEscalated, decisionStep(events.ActionRetry, &retryAt),
 			func(o *events.Operation, _ time.Time) {
 				o.Status, o.Phase, o.DueAt = events.StatusPending, events.PhaseAttempt, timePtr(retryAt)
 				o.Approved, o.Escalation = true, nil
+				o.Compensations++
 			}},
 		{"retry without retry_at is illegal", events.Irreversible, hEscalated, decisionStep(events.ActionRetry, nil), nil},
 		{"compensate is a compensation due now", events.Compensable, hEscalated, decisionStep(events.ActionCompensate, nil),

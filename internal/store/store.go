@@ -63,6 +63,10 @@ func (s *Store) OnAppend(fn func()) {
 	s.mu.Unlock()
 }
 
+// NotifyAppended runs the OnAppend listeners. Callers that append with
+// AppendTx in a transaction of their own call it after their commit.
+func (s *Store) NotifyAppended() { s.appended() }
+
 func (s *Store) appended() {
 	s.mu.Lock()
 	ls := s.listeners

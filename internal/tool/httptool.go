@@ -47,6 +47,16 @@ type HTTPTool struct {
 	client       *http.Client
 }
 
+// SigningSecret returns the tool's Standard Webhooks secret, or "" when it
+// has none. Inbound callbacks from the tool are verified with the same
+// secret its outbound calls are signed with: one secret per tool to rotate.
+func (t *HTTPTool) SigningSecret() string {
+	if t.signer == nil {
+		return ""
+	}
+	return t.signer.secret
+}
+
 var (
 	_ Tool        = (*HTTPTool)(nil)
 	_ Compensator = (*HTTPTool)(nil)

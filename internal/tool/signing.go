@@ -14,8 +14,9 @@ import (
 // tool can check that the caller is effectline and that the body was not
 // altered, with any off-the-shelf Standard Webhooks verifier.
 type signer struct {
-	wh  *standardwebhooks.Webhook
-	now func() time.Time
+	wh     *standardwebhooks.Webhook
+	secret string
+	now    func() time.Time
 }
 
 // newSigner takes a secret in the Standard Webhooks form, "whsec_" followed
@@ -30,7 +31,7 @@ func newSigner(secret string) (*signer, error) {
 		// plain anyway.
 		return nil, fmt.Errorf("signing secret must be whsec_ followed by base64")
 	}
-	return &signer{wh: wh, now: time.Now}, nil
+	return &signer{wh: wh, secret: secret, now: time.Now}, nil
 }
 
 // sign sets webhook-id, webhook-timestamp and webhook-signature for body.

@@ -1,0 +1,185 @@
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/store"
+)
+
+var (
+	// ErrNotWaiting: the operation is not waiting for a decision (it is
+	// running, settled, or was decided by someone else first). HTTP 409.
+	ErrNotWaiting = errors.New("operation is not waiting for a decision")
+	// ErrInvalidDecision: the decision cannot apply to this operation (an
+	// unknown action, compensate on a tool that cannot be undone or before
+	// any attempt, no approver). HTTP 400 for a malformed request, 409 when
+	// the operation's state is what forbids it.
+	ErrInvalidDecision = errors.New("invalid decision")
+)
+
+// NotWaitingError says which state the operation was in.
+type NotWaitingError struct {
+	OperationKey string
+	Status       events.Status
+}
+
+func (e *NotWaitingError) Error() string {
+	return fmt.Sprintf("operation %s is %s, not waiting for a decision", e.OperationKey, e.Status)
+}
+
+func (e *NotWaitingError) Unwrap() error { return ErrNotWaiting }
+
+// InvalidDecisionError says why a decision was refused.
+type InvalidDecisionError struct {
+	OperationKey string
+	Action       events.Action
+	Reason       string
+}
+
+func (e *InvalidDecisionError) Error() string {
+	return fmt.Sprintf("decision %q on operation %s: %s", e.Action, e.OperationKey, e.Reason)
+}
+
+func (e *InvalidDecisionError) Unwrap() error { return ErrInvalidDecision }
+
+// MaxNoteBytes caps a decision's note: it is journaled in an event and shown
+// in the approval UI.
+const MaxNoteBytes = 4096
+
+// DecideOption adjusts Decide.
+type DecideOption func(*decideOptions)
+
+type decideOptions struct {
+	topicPrefix string
+	tp          trace.TracerProvider
+	mp          metric.MeterProvider
+}
+
+// WithTopicPrefix sets the topic prefix of the decision's outbox rows; it
+// must match the deployment's kafka.Config.TopicPrefix. Default "effectline.".
+func WithTopicPrefix(prefix string) DecideOption {
+	return func(o *decideOptions) { o.topicPrefix = prefix }
+}
+
+// WithTelemetry sets the tracer and meter providers; nil means the global
+// ones.
+func WithTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) DecideOption {
+	return func(o *decideOptions) { o.tp, o.mp = tp, mp }
+}
+
+// Decide records an approver's decision on an operation waiting for one
+// (escalated or needs_reconciliation) and returns the record it produced:
+//
+//   - record_success: completed (the approver saw the effect downstream);
+//   - retry: pending, due now, approved: the executor's due-time poller runs
+//     the next attempt (the first one, for a tool that requires approval);
+//   - compensate: pending compensation, due now: the executor runs the undo,
+//     then retries under a new downstream key within the caps;
+//   - abandon: failed.
+//
+// It refuses with a *NotWaitingError (errors.Is ErrNotWaiting) when the
+// operation is not waiting, and with an *InvalidDecisionError (errors.Is
+// ErrInvalidDecision) for an unknown action, an empty approver, a note over
+// MaxNoteBytes, or compensate on a non-compensable effect or before any
+// attempt. An unknown key wraps store.ErrNotFound.
+//
+// The decision is an append from the record it was checked against. If
+// anything else wrote first — a webhook that settled the operation, a late
+// success, another approver — the append conflicts, Decide reloads and
+// checks again, so two approvers clicking at once record one decision and
+// the other gets ErrNotWaiting.
+func Decide(ctx context.Context, st *store.Store, key string, action events.Action, note, approver string, now time.Time, opts ...DecideOption) (events.Operation, error) {
+	o := decideOptions{topicPrefix: kafka.DefaultTopicPrefix}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.tp == nil {
+		o.tp = otel.GetTracerProvider()
+	}
+	if o.mp == nil {
+		o.mp = otel.GetMeterProvider()
+	}
+	invalid := func(reason string) (events.Operation, error) {
+		return events.Operation{}, &InvalidDecisionError{OperationKey: key, Action: action, Reason: reason}
+	}
+	if _, err := events.ParseAction(string(action)); err != nil {
+		return invalid(err.Error())
+	}
+	if approver == "" {
+		return invalid("the approver's identity is required")
+	}
+	if len(note) > MaxNoteBytes || !utf8.ValidString(note) {
+		return invalid(fmt.Sprintf("the note must be valid UTF-8 of at most %d bytes", MaxNoteBytes))
+	}
+	decisions, err := o.mp.Meter(instrumentation).Int64Counter("effectline.decisions",
+		metric.WithDescription(decisionsHelp))
+	if err != nil {
+		return events.Operation{}, err
+	}
+
+	if tp, err := st.Traceparent(ctx, key); err == nil {
+		ctx = kafka.ContextWithTraceparent(ctx, tp)
+	}
+	ctx, span := o.tp.Tracer(instrumentation).Start(ctx, "decision", trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(attrOperationKey.String(key), attrAction.String(string(action)), attrApprover.String(approver)))
+	var retErr error
+	defer func() { endSpan(span, retErr) }()
+
+	for range maxConflicts {
+		op, err := st.Load(ctx, key)
+		if err != nil {
+			retErr = err
+			return events.Operation{}, err
+		}
+		span.SetAttributes(attrTool.String(op.Tool), attrEffectClass.String(string(op.EffectClass)), attrAttempt.Int(op.Attempt))
+		if !op.Status.AwaitingDecision() {
+			retErr = &NotWaitingError{OperationKey: key, Status: op.Status}
+			return op, retErr
+		}
+		if action == events.ActionCompensate {
+			switch {
+			case op.EffectClass != events.Compensable:
+				_, retErr = invalid(fmt.Sprintf("tool %q is %s; only a compensable effect has an undo", op.Tool, op.EffectClass))
+				return op, retErr
+			case op.Attempt == 0:
+				_, retErr = invalid("there is nothing to undo before the first attempt")
+				return op, retErr
+			}
+		}
+		d := &events.DecisionData{Action: action, Note: note, Approver: approver}
+		if action == events.ActionRetry {
+			at := now.UTC()
+			d.RetryAt = &at
+		}
+		evs, err := buildEvents(op, now, []eventSpec{{typ: events.DecisionRecorded, data: d}})
+		if err != nil {
+			retErr = err
+			return op, err
+		}
+		next, err := st.Append(ctx, store.Append{
+			Base: op, Events: evs, Traceparent: kafka.TraceparentFrom(ctx), TopicPrefix: o.topicPrefix,
+		})
+		if store.IsConflict(err) {
+			continue
+		}
+		if err != nil {
+			retErr = fmt.Errorf("recording the decision on %s: %w", key, err)
+			return op, retErr
+		}
+		decisions.Add(ctx, 1, metric.WithAttributes(attribute.String("tool", op.Tool), attribute.String("action", string(action))))
+		return next, nil
+	}
+	retErr = fmt.Errorf("recording the decision on %s: lost the append race too many times", key)
+	return events.Operation{}, retErr
+}

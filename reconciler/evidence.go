@@ -1,0 +1,75 @@
+package reconciler
+
+import (
+	"encoding/json"
+	"regexp"
+
+	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/internal/tool"
+)
+
+// anonymousSpec redacts by field name only, for an operation whose tool is
+// no longer registered: its schema's marks are gone, the names still tell.
+var anonymousSpec = &tool.Spec{}
+
+func redactor(spec *tool.Spec) *tool.Spec {
+	if spec == nil {
+		return anonymousSpec
+	}
+	return spec
+}
+
+// requestEvidence is the original request as the approval gate shows it
+// (DESIGN §4): what was asked, by whom, under which key — with the tool's
+// sensitive arguments redacted. Raw args never leave the event store's
+// intent event.
+func requestEvidence(op events.Operation, spec *tool.Spec) json.RawMessage {
+	b, _ := json.Marshal(struct {
+		OperationKey  string             `json:"operation_key"`
+		Tool          string             `json:"tool"`
+		EffectClass   events.EffectClass `json:"effect_class"`
+		Principal     string             `json:"principal"`
+		Attempt       int                `json:"attempt"`
+		DownstreamKey string             `json:"downstream_key,omitempty"`
+		Args          json.RawMessage    `json:"args"`
+	}{op.Key, op.Tool, op.EffectClass, op.Principal, op.Attempt, op.DownstreamKey,
+		redactor(spec).Redact(validJSON(op.Args))})
+	return b
+}
+
+// downstreamEvidence is what the downstream showed when asked. Its body is
+// redacted like the args: a downstream's record of an effect often echoes
+// the request that made it.
+func downstreamEvidence(op events.Operation, spec *tool.Spec, ans tool.Reconciliation, asks int) json.RawMessage {
+	var body json.RawMessage
+	if len(ans.Body) > 0 {
+		body = redactor(spec).Redact(validJSON(ans.Body))
+	}
+	var errText string
+	if ans.Err != nil {
+		errText = scrubError(ans.Err.Error())
+	}
+	b, _ := json.Marshal(struct {
+		Answer       tool.Answer     `json:"answer"`
+		Asks         int             `json:"asks"`
+		DownstreamID string          `json:"downstream_id,omitempty"`
+		ErrorClass   string          `json:"error_class,omitempty"`
+		Error        string          `json:"error,omitempty"`
+		Body         json.RawMessage `json:"body,omitempty"`
+	}{ans.Answer, asks, ans.DownstreamID, ans.ErrorClass, errText, body})
+	return b
+}
+
+// queryString matches the query of a URL quoted in an error message. A
+// reconcile URL template may put arguments into the query, and net/http
+// quotes the whole URL in its errors.
+var queryString = regexp.MustCompile(`\?[^\s"']*`)
+
+// scrubError shortens an error message for evidence and strips URL queries.
+func scrubError(s string) string {
+	s = queryString.ReplaceAllString(s, "?…")
+	if len(s) > 500 {
+		s = s[:500]
+	}
+	return s
+}

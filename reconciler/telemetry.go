@@ -1,0 +1,126 @@
+package reconciler
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/internal/tool"
+)
+
+const instrumentation = "github.com/effectline/effectline/reconciler"
+
+const decisionsHelp = "Approver decisions recorded, by tool and action."
+
+// Span attribute keys (DESIGN §8).
+var (
+	attrOperationKey = attribute.Key("effectline.operation_key")
+	attrTool         = attribute.Key("effectline.tool")
+	attrEffectClass  = attribute.Key("effectline.effect_class")
+	attrAttempt      = attribute.Key("effectline.attempt")
+	attrAnswer       = attribute.Key("effectline.reconcile_answer")
+	attrAsks         = attribute.Key("effectline.reconcile_asks")
+	attrErrorClass   = attribute.Key("effectline.error_class")
+	attrReason       = attribute.Key("effectline.escalation_reason")
+	attrProposed     = attribute.Key("effectline.proposed_action")
+	attrAction       = attribute.Key("effectline.decision_action")
+	attrApprover     = attribute.Key("effectline.approver")
+	attrSource       = attribute.Key("effectline.webhook_source")
+	attrPhase        = attribute.Key("effectline.phase")
+)
+
+type telemetry struct {
+	tracer          trace.Tracer
+	reconciliations metric.Int64Counter
+	escalations     metric.Int64Counter
+	leasesExpired   metric.Int64Counter
+	malformedMsgs   metric.Int64Counter
+	webhooks        metric.Int64Counter
+}
+
+func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
+	m := mp.Meter(instrumentation)
+	t := &telemetry{tracer: tp.Tracer(instrumentation)}
+	var err error
+	if t.reconciliations, err = m.Int64Counter("effectline.reconciliations",
+		metric.WithDescription("Answers to \"did it happen?\", by tool and answer (found, absent, cannot_tell, cannot_ask).")); err != nil {
+		return nil, err
+	}
+	if t.escalations, err = m.Int64Counter("effectline.escalations",
+		metric.WithDescription("Operations handed to the approval gate, by tool and reason.")); err != nil {
+		return nil, err
+	}
+	if t.leasesExpired, err = m.Int64Counter("effectline.leases_expired",
+		metric.WithDescription("Steps declared Unknown because their worker stopped renewing the lease, by tool.")); err != nil {
+		return nil, err
+	}
+	if t.malformedMsgs, err = m.Int64Counter("effectline.reconciler.malformed_messages",
+		metric.WithDescription("Messages on the outcomes topic that were not valid events.")); err != nil {
+		return nil, err
+	}
+	if t.webhooks, err = m.Int64Counter("effectline.webhooks",
+		metric.WithDescription("Inbound callbacks, by source and result.")); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+func opAttrs(op events.Operation) []attribute.KeyValue {
+	return []attribute.KeyValue{
+		attrOperationKey.String(op.Key), attrTool.String(op.Tool),
+		attrEffectClass.String(string(op.EffectClass)), attrAttempt.Int(op.Attempt),
+	}
+}
+
+// startReconciliation opens the span of one ask: a client call to the
+// downstream, in the operation's trace.
+func (t *telemetry) startReconciliation(ctx context.Context, op events.Operation) (context.Context, trace.Span) {
+	return t.tracer.Start(ctx, "reconciliation", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(append(opAttrs(op), attrPhase.String(string(op.Phase)))...))
+}
+
+func (t *telemetry) reconciled(ctx context.Context, span trace.Span, op events.Operation, ans tool.Reconciliation, asks int) {
+	span.SetAttributes(attrAnswer.String(string(ans.Answer)), attrAsks.Int(asks))
+	if ans.ErrorClass != "" {
+		span.SetAttributes(attrErrorClass.String(ans.ErrorClass))
+	}
+	if ans.Answer != tool.Found && ans.Answer != tool.Absent {
+		span.SetStatus(codes.Error, string(ans.Answer))
+	}
+	t.reconciliations.Add(ctx, 1, metric.WithAttributes(
+		attribute.String("tool", op.Tool), attribute.String("answer", string(ans.Answer))))
+}
+
+func (t *telemetry) startEscalation(ctx context.Context, op events.Operation, esc *events.EscalationData) (context.Context, trace.Span) {
+	return t.tracer.Start(ctx, "escalation", trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(append(opAttrs(op), attrReason.String(esc.Reason),
+			attrProposed.String(string(esc.ProposedAction)))...))
+}
+
+func (t *telemetry) escalated(ctx context.Context, op events.Operation, esc *events.EscalationData) {
+	t.escalations.Add(ctx, 1, metric.WithAttributes(
+		attribute.String("tool", op.Tool), attribute.String("reason", esc.Reason)))
+}
+
+func (t *telemetry) startLeaseExpiry(ctx context.Context, op events.Operation) (context.Context, trace.Span) {
+	return t.tracer.Start(ctx, "lease_expiry", trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(append(opAttrs(op), attrPhase.String(string(op.Phase)))...))
+}
+
+func (t *telemetry) leaseExpired(ctx context.Context, op events.Operation) {
+	t.leasesExpired.Add(ctx, 1, metric.WithAttributes(attribute.String("tool", op.Tool)))
+}
+
+func (t *telemetry) malformed(ctx context.Context) { t.malformedMsgs.Add(ctx, 1) }
+
+func endSpan(span trace.Span, err error) {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
