@@ -11,6 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// DefaultTopicPrefix is the contract's topic prefix.
+const DefaultTopicPrefix = "effectline."
+
 // Append is one atomic step of an operation: events decided from Base, to be
 // written only if the operation is still at Base.Seq.
 type Append struct {
@@ -21,6 +24,8 @@ type Append struct {
 	// Traceparent is the W3C trace context the events belong to.
 	Traceparent string
 	// TopicPrefix is prepended to the topic suffixes of events.TopicsFor.
+	// Empty means DefaultTopicPrefix: an outbox row naming a topic that
+	// does not exist would stall the relay behind it.
 	TopicPrefix string
 }
 
@@ -106,6 +111,10 @@ func prepare(a Append) (prepared, error) {
 	n := len(a.Events)
 	seqs, ids, types := make([]int64, n), make([]string, n), make([]string, n)
 	envs, times := make([][]byte, n), make([]time.Time, n)
+	prefix := a.TopicPrefix
+	if prefix == "" {
+		prefix = DefaultTopicPrefix
+	}
 	var obSeqs []int64
 	var obTopics []string
 	for i, e := range a.Events {
@@ -116,7 +125,7 @@ func prepare(a Append) (prepared, error) {
 		seqs[i], ids[i], types[i], envs[i], times[i] = e.Seq, e.EventID, string(e.Type), b, e.OccurredAt
 		for _, t := range events.TopicsFor(e.Type) {
 			obSeqs = append(obSeqs, e.Seq)
-			obTopics = append(obTopics, a.TopicPrefix+t)
+			obTopics = append(obTopics, prefix+t)
 		}
 	}
 	var lease any
@@ -156,6 +165,7 @@ func (s *Store) Append(ctx context.Context, a Append) (events.Operation, error) 
 	if err != nil {
 		return events.Operation{}, err
 	}
+	s.commits.Add(1)
 	s.appended()
 	return op, nil
 }
@@ -225,6 +235,7 @@ func (s *Store) AppendBatch(ctx context.Context, as []Append) []AppendResult {
 		res[i].Op, res[i].Err = ps[i].result(counts[i])
 	}
 	if err == nil {
+		s.commits.Add(1)
 		s.appended()
 	}
 	return res

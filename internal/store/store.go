@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -43,6 +44,9 @@ func IsConflict(err error) bool { return errors.Is(err, ErrConflict) }
 // Store is the event store. It is safe for concurrent use.
 type Store struct {
 	pool *pgxpool.Pool
+	// commits counts the synchronous commits this store made for appends,
+	// the figure the benchmark reports per operation.
+	commits atomic.Int64
 
 	mu        sync.Mutex
 	listeners []func()
@@ -50,6 +54,10 @@ type Store struct {
 
 // New returns a store on pool. The caller owns the pool.
 func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+// SyncCommits returns how many synchronous commits Append and AppendBatch
+// have made. Appends inside a caller's transaction are the caller's to count.
+func (s *Store) SyncCommits() int64 { return s.commits.Load() }
 
 // Pool returns the connection pool, for components that own their own queries.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }

@@ -26,17 +26,19 @@ const DatabaseURLEnv = "EFFECTLINE_TEST_DATABASE_URL"
 // postgres, reached over TCP on loopback only.
 const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 
-// Timeouts for talking to the admin database. They are short because a test
-// waiting 30s on a dead server tells the developer nothing a quick failure
-// would not, and long enough to ride out a burst of parallel creations.
+// Timeouts for talking to the server. Connecting is bounded tightly because a
+// test waiting on a dead server tells the developer nothing a quick failure
+// would not; creating gets longer because it may queue behind the creations
+// of every other test binary running at the same time.
 const (
 	dbConnectTimeout = 5 * time.Second
 	dbCreateTimeout  = 60 * time.Second
 	dbDropTimeout    = 30 * time.Second
 )
 
-// createDBAttempts bounds the retries of CREATE DATABASE on SQLSTATE 55006.
-const createDBAttempts = 10
+// dbRetryAttempts bounds the retries of transient server refusals: CREATE
+// DATABASE on SQLSTATE 55006, connecting on 53300 and 57P03.
+const dbRetryAttempts = 10
 
 // createDBLockKey is the pg_advisory_lock key that serializes CREATE DATABASE
 // across test processes (go test ./... runs one binary per package in
@@ -142,12 +144,36 @@ func connectAdmin(t testing.TB, ctx context.Context, adminURL string) *pgx.Conn 
 		t.Fatalf("testenv: parsing %s: %v", redact(adminURL), err)
 	}
 	cfg.ConnectTimeout = dbConnectTimeout
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, err := connectRetrying(ctx, cfg)
 	if err != nil {
 		t.Fatalf("PostgreSQL is not reachable at %s: %v. Start it with: pg_ctlcluster $(ls /etc/postgresql) main start  (or set %s)",
 			redact(adminURL), err, DatabaseURLEnv)
 	}
 	return conn
+}
+
+// connectRetrying connects, retrying while the server is up but temporarily
+// refusing: too many clients (53300, likely when many test binaries run at
+// once) or still starting up (57P03). Anything else, including a refused TCP
+// connection, fails at once.
+func connectRetrying(ctx context.Context, cfg *pgx.ConnConfig) (*pgx.Conn, error) {
+	backoff := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		conn, err := pgx.ConnectConfig(ctx, cfg)
+		if err == nil {
+			return conn, nil
+		}
+		var pgErr *pgconn.PgError
+		if attempt == dbRetryAttempts || !errors.As(err, &pgErr) || (pgErr.Code != "53300" && pgErr.Code != "57P03") {
+			return nil, err
+		}
+		select {
+		case <-time.After(backoff + rand.N(backoff)):
+		case <-ctx.Done():
+			return nil, err
+		}
+		backoff = min(2*backoff, time.Second)
+	}
 }
 
 // createDatabase creates a database with a random name and returns the name.
@@ -169,7 +195,7 @@ func createDatabase(ctx context.Context, conn *pgx.Conn) (string, error) {
 
 	backoff := 50 * time.Millisecond
 	var lastErr error
-	for attempt := 0; attempt < createDBAttempts; attempt++ {
+	for attempt := 0; attempt < dbRetryAttempts; attempt++ {
 		name, err := randomDatabaseName()
 		if err != nil {
 			return "", err
@@ -199,7 +225,7 @@ func createDatabase(ctx context.Context, conn *pgx.Conn) (string, error) {
 		}
 		backoff = min(2*backoff, time.Second)
 	}
-	return "", fmt.Errorf("gave up after %d attempts (is something else connected to template1?): %w", createDBAttempts, lastErr)
+	return "", fmt.Errorf("gave up after %d attempts (is something else connected to template1?): %w", dbRetryAttempts, lastErr)
 }
 
 // dropDatabase drops name using a fresh admin connection (the one used to
@@ -210,7 +236,7 @@ func dropDatabase(ctx context.Context, adminURL, name string) error {
 		return err
 	}
 	cfg.ConnectTimeout = dbConnectTimeout
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, err := connectRetrying(ctx, cfg)
 	if err != nil {
 		return err
 	}

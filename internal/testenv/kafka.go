@@ -10,6 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // produceTimeout bounds [Broker.Produce]. kfake answers in microseconds, so
@@ -158,6 +159,12 @@ func (b *Broker) client(t testing.TB, opts ...kgo.Opt) *kgo.Client {
 	return cl
 }
 
+// readAllGrace is how long past its timeout ReadAll keeps reading to catch up
+// with records that were already in the topic when it was called. It only
+// matters on a badly overloaded machine; it is a backstop against hanging,
+// not a tuning knob.
+const readAllGrace = 30 * time.Second
+
 // ReadAll reads topic from offset 0 of every partition, without a consumer
 // group, until it has at least want records or timeout elapses, and returns
 // them sorted by partition and offset.
@@ -165,8 +172,12 @@ func (b *Broker) client(t testing.TB, opts ...kgo.Opt) *kgo.Client {
 // It does not fail the test when fewer than want records arrive: the caller
 // asserts on len. That makes it usable for negative checks too, e.g. asking
 // for want+1 records with a short timeout proves no duplicate was published.
-// Records that arrive in the same fetch as the want-th are included, so the
-// result can exceed want. With want <= 0 it reads until the timeout.
+// For those checks to be reliable on a slow CI machine, ReadAll always returns
+// every record that was already in the topic when it was called, reading past
+// timeout if it must; the timeout only bounds waiting for records that have
+// not been published yet. Records that arrive in the same fetch as the
+// want-th are included, so the result can exceed want. With want <= 0 it
+// reads until the timeout.
 func (b *Broker) ReadAll(t testing.TB, topic string, want int, timeout time.Duration) []Record {
 	t.Helper()
 
@@ -176,26 +187,49 @@ func (b *Broker) ReadAll(t testing.TB, topic string, want int, timeout time.Dura
 	)
 	defer cl.Close()
 
-	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	soft := time.Now().Add(timeout)
+	hardCtx, cancel := context.WithTimeout(t.Context(), timeout+readAllGrace)
 	defer cancel()
+
+	ends := endOffsets(hardCtx, cl, topic)
+	next := make(map[int32]int64, len(ends))
+	caughtUp := func() bool {
+		for p, end := range ends {
+			if next[p] < end {
+				return false
+			}
+		}
+		return true
+	}
 
 	var (
 		out     []Record
 		lastErr error
 	)
 	for want <= 0 || len(out) < want {
-		fetches := cl.PollFetches(ctx)
+		pollCtx, pollCancel := hardCtx, context.CancelFunc(func() {})
+		if time.Now().Before(soft) {
+			pollCtx, pollCancel = context.WithDeadline(hardCtx, soft)
+		} else if caughtUp() {
+			break
+		}
+		fetches := cl.PollFetches(pollCtx)
+		pollCancel()
 		fetches.EachRecord(func(r *kgo.Record) {
 			out = append(out, toRecord(r))
+			next[r.Partition] = max(next[r.Partition], r.Offset+1)
 		})
 		for _, fe := range fetches.Errors() {
 			if !errors.Is(fe.Err, context.DeadlineExceeded) && !errors.Is(fe.Err, context.Canceled) {
 				lastErr = fe.Err
 			}
 		}
-		if ctx.Err() != nil || fetches.IsClientClosed() {
+		if hardCtx.Err() != nil || fetches.IsClientClosed() {
 			break
 		}
+	}
+	if !caughtUp() {
+		t.Logf("testenv: ReadAll(%q) gave up before reading every record already in the topic (ends %v, read up to %v)", topic, ends, next)
 	}
 	if want > 0 && len(out) < want && lastErr != nil {
 		t.Logf("testenv: ReadAll(%q) got %d of %d records in %v; last fetch error: %v", topic, len(out), want, timeout, lastErr)
@@ -208,6 +242,43 @@ func (b *Broker) ReadAll(t testing.TB, topic string, want int, timeout time.Dura
 		return out[i].Offset < out[j].Offset
 	})
 	return out
+}
+
+// endOffsets returns the high watermark of every partition of topic, or nil if
+// the topic does not exist (yet) or the broker cannot say.
+func endOffsets(ctx context.Context, cl *kgo.Client, topic string) map[int32]int64 {
+	meta := kmsg.NewPtrMetadataRequest()
+	mt := kmsg.NewMetadataRequestTopic()
+	mt.Topic = kmsg.StringPtr(topic)
+	meta.Topics = append(meta.Topics, mt)
+	mresp, err := meta.RequestWith(ctx, cl)
+	if err != nil || len(mresp.Topics) != 1 || mresp.Topics[0].ErrorCode != 0 {
+		return nil
+	}
+
+	lo := kmsg.NewPtrListOffsetsRequest()
+	lt := kmsg.NewListOffsetsRequestTopic()
+	lt.Topic = topic
+	for _, p := range mresp.Topics[0].Partitions {
+		lp := kmsg.NewListOffsetsRequestTopicPartition()
+		lp.Partition = p.Partition
+		lp.Timestamp = -1 // latest: the high watermark
+		lt.Partitions = append(lt.Partitions, lp)
+	}
+	lo.Topics = append(lo.Topics, lt)
+	lresp, err := lo.RequestWith(ctx, cl)
+	if err != nil {
+		return nil
+	}
+	ends := make(map[int32]int64)
+	for _, rt := range lresp.Topics {
+		for _, rp := range rt.Partitions {
+			if rp.ErrorCode == 0 && rp.Offset > 0 {
+				ends[rp.Partition] = rp.Offset
+			}
+		}
+	}
+	return ends
 }
 
 // Produce synchronously publishes one record to topic, failing the test if the
