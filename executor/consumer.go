@@ -13,10 +13,15 @@ import (
 )
 
 // handleIntent handles one message of the intents topic. It returns (and so
-// acknowledges the message) once the intent is journaled and its first step
-// is claimed or known not to be due; the call itself runs on. An error
-// leaves the message unacknowledged, to be redelivered: that happens only
-// when the store is unreachable, when nothing could progress anyway.
+// acknowledges the message) once the intent is known to be journaled; the
+// claim and the call run on, off the partition. watermill-kafka hands over
+// one message per partition at a time, so waiting here for the claim's
+// commit would make every partition a serial queue of commits. Acking
+// before the claim is safe because the intent is durable: if this process
+// dies first, the due-time poller runs the intent after IntentPickupGrace.
+// An error leaves the message unacknowledged, to be redelivered: that
+// happens only when the store is unreachable, when nothing could progress
+// anyway.
 func (e *Executor) handleIntent(msg *message.Message) error {
 	ctx := msg.Context()
 	env, err := events.Decode(msg.Payload)
@@ -42,7 +47,27 @@ func (e *Executor) handleIntent(msg *message.Message) error {
 	if !fresh {
 		return nil
 	}
-	return e.advance(ctx, op, true)
+	e.dispatch(kafka.ContextWithTraceparent(e.callCtx, kafka.TraceparentOf(msg)), op)
+	return nil
+}
+
+// dispatch advances op in the background. It blocks while Concurrency
+// advances are already waiting, which holds back the consumer instead of
+// queueing without bound.
+func (e *Executor) dispatch(ctx context.Context, op events.Operation) {
+	select {
+	case e.pending <- struct{}{}:
+	case <-ctx.Done():
+		return
+	}
+	e.calls.Add(1)
+	go func() {
+		defer e.calls.Done()
+		defer func() { <-e.pending }()
+		if err := e.advance(ctx, op, true); err != nil && ctx.Err() == nil {
+			e.log.WarnContext(ctx, "advancing an intent failed; the poller retries it", "operation_key", op.Key, "error", err)
+		}
+	}()
 }
 
 // ensureIntent journals an intent that came straight from a producer, or

@@ -56,6 +56,11 @@ type Config struct {
 	// their appends share commits; otherwise the executor runs its own.
 	Committer *store.Committer
 
+	// CrashPoint, when set, is called at the points where a crash matters
+	// most (see the Point constants); the crash-matrix tests make it kill
+	// the process there. Nil in production.
+	CrashPoint func(point string)
+
 	Logger         *slog.Logger
 	TracerProvider trace.TracerProvider
 	MeterProvider  metric.MeterProvider
@@ -107,6 +112,19 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
+// Points where Config.CrashPoint is called.
+const (
+	PointBeforeCall    = "before_call"    // the attempt is claimed, the request not sent
+	PointAfterResponse = "after_response" // the tool answered, the outcome not journaled
+	PointAfterJournal  = "after_journal"  // the outcome is journaled
+)
+
+func (e *Executor) crashPoint(p string) {
+	if e.cfg.CrashPoint != nil {
+		e.cfg.CrashPoint(p)
+	}
+}
+
 // Executor runs intents. Create it with New and start it with Run.
 type Executor struct {
 	cfg       Config
@@ -116,7 +134,8 @@ type Executor struct {
 	log       *slog.Logger
 	tel       *telemetry
 
-	slots chan struct{} // one per call in flight
+	slots   chan struct{} // one per call in flight
+	pending chan struct{} // one per intent handed off and not yet claimed
 	// inflight tracks operations this process is working on, so a kick, a
 	// poll and a redelivered message for the same operation don't pile up.
 	mu       sync.Mutex
@@ -146,6 +165,7 @@ func New(st *store.Store, tools Tools, cfg Config) (*Executor, error) {
 		log:       cfg.Logger.With("component", "executor", "worker", cfg.Worker),
 		tel:       tel,
 		slots:     make(chan struct{}, cfg.Concurrency),
+		pending:   make(chan struct{}, cfg.Concurrency),
 		inflight:  map[string]bool{},
 		kicks:     make(chan string, 1024),
 	}

@@ -20,6 +20,7 @@ import (
 func (e *Executor) runAttempt(ctx context.Context, span trace.Span, op events.Operation, t tool.Tool) {
 	stop := e.heartbeat(ctx, op)
 	started := e.cfg.Now()
+	e.crashPoint(PointBeforeCall)
 	res := t.Invoke(ctx, tool.Call{
 		OperationKey:  op.Key,
 		DownstreamKey: op.DownstreamKey,
@@ -30,9 +31,11 @@ func (e *Executor) runAttempt(ctx context.Context, span trace.Span, op events.Op
 		Args:          op.Args,
 	})
 	stop()
+	e.crashPoint(PointAfterResponse)
 	now := e.cfg.Now()
 	spec := outcomeSpec(op, res, t.Spec().Caps, now, e.cfg.Rand)
 	next := e.record(ctx, op, spec)
+	e.crashPoint(PointAfterJournal)
 	e.tel.endAttempt(ctx, span, op, res, now.Sub(started))
 	e.afterOutcome(ctx, next)
 }

@@ -23,7 +23,9 @@
 //
 // Every endpoint except /healthz, /readyz, /metrics and /v1/openapi.json
 // needs a bearer token mapped to a principal (Config.Tokens); tokens are
-// compared in constant time. Tool args are redacted with the tool's own
+// compared in constant time. Two are authenticated otherwise: webhooks by
+// their Standard Webhooks signature, and the approval UI under /ui/ by its
+// own cookie session with CSRF tokens (ui_session.go). Tool args are redacted with the tool's own
 // redaction before they leave in a response, and never appear in logs,
 // errors or span attributes. Request bodies are bounded (Config.MaxBodyBytes)
 // and must be application/json, which also keeps a browser from posting a

@@ -16,6 +16,9 @@ func (s *Server) registerRoutes() {
 	s.HandleFunc("POST /v1/intents", s.postIntent, Authenticated)
 	s.HandleFunc("GET /v1/operations", s.listOperations, Authenticated)
 	s.HandleFunc("GET /v1/operations/{key}", s.getOperation, Authenticated)
+	s.decisionRoutes()
+	s.webhookRoutes()
+	s.uiRoutes()
 
 	s.HandleFunc("GET /healthz", s.healthz, Public)
 	s.HandleFunc("GET /readyz", s.readyz, Public)

@@ -40,6 +40,14 @@ type Deps struct {
 	// Ready reports whether the process can serve (its dependencies answer).
 	// Default: the store's database answers a ping.
 	Ready func(ctx context.Context) error
+	// Decider records approvers' decisions, for POST
+	// /v1/operations/{key}/decisions and the approval UI (reconciler.Decide
+	// behind an adapter, see Decider). Nil: those answer 503.
+	Decider Decider
+	// Webhooks applies inbound tool callbacks, for POST /v1/webhooks/{source}
+	// (reconciler.Webhooks behind an adapter, see WebhookHandler). Nil: that
+	// route answers 503.
+	Webhooks WebhookHandler
 }
 
 // Route is one registered route.
@@ -63,6 +71,8 @@ type Server struct {
 	operations Operations
 	metrics    http.Handler
 	ready      func(context.Context) error
+	decider    Decider
+	webhooks   WebhookHandler
 	auth       *authenticator
 	tel        *telemetry
 
@@ -105,6 +115,8 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		operations: deps.Operations,
 		metrics:    deps.Metrics,
 		ready:      deps.Ready,
+		decider:    deps.Decider,
+		webhooks:   deps.Webhooks,
 		auth:       newAuthenticator(cfg),
 		tel:        tel,
 		mux:        http.NewServeMux(),

@@ -86,7 +86,10 @@ func (c Config) Sarama() *sarama.Config {
 	sc.Producer.Retry.Backoff = 100 * time.Millisecond
 	sc.Producer.Return.Successes = true
 	sc.Producer.Return.Errors = true
-	sc.Producer.Partitioner = sarama.NewHashPartitioner
+	// murmur2, the Java client's default partitioner (and franz-go's): a
+	// non-Go producer writing an intent straight to the topic must land its
+	// key in the partition the relay uses, or per-key order breaks.
+	sc.Producer.Partitioner = sarama.NewMurmur2Partitioner
 	sc.Producer.Flush.Frequency = time.Millisecond
 	sc.Producer.Compression = sarama.CompressionNone
 

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -108,6 +109,7 @@ func prepare(a Append) (prepared, error) {
 	if err != nil {
 		return prepared{}, fmt.Errorf("append to %s: encoding the record: %w", next.Key, err)
 	}
+	record = JSONBSafe(record)
 	n := len(a.Events)
 	seqs, ids, types := make([]int64, n), make([]string, n), make([]string, n)
 	envs, times := make([][]byte, n), make([]time.Time, n)
@@ -211,8 +213,11 @@ func (s *Store) AppendBatch(ctx context.Context, as []Append) []AppendResult {
 		return res
 	}
 	counts := make([]int64, len(as))
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		br := tx.SendBatch(ctx, &b)
+	// One round trip: a pipelined batch ending in a single Sync runs as one
+	// implicit transaction, so the steps commit together or not at all,
+	// without the two extra round trips of BEGIN and COMMIT.
+	err := func() error {
+		br := s.pool.SendBatch(ctx, &b)
 		for i := range as {
 			if res[i].Err != nil {
 				continue
@@ -223,7 +228,7 @@ func (s *Store) AppendBatch(ctx context.Context, as []Append) []AppendResult {
 			}
 		}
 		return br.Close()
-	})
+	}()
 	for i := range as {
 		if res[i].Err != nil {
 			continue
@@ -239,4 +244,32 @@ func (s *Store) AppendBatch(ctx context.Context, as []Append) []AppendResult {
 		s.appended()
 	}
 	return res
+}
+
+// JSONBSafe replaces the escape \u0000 in JSON text with \ufffd. PostgreSQL's
+// jsonb cannot hold NUL, and a tool's response containing one must not make
+// the journal refuse the outcome of an effect that happened. Only derived
+// copies go through it (the head record, the read model): the journal keeps
+// the exact bytes in events.envelope.
+func JSONBSafe(b []byte) []byte {
+	if !bytes.Contains(b, []byte(`\u0000`)) {
+		return b
+	}
+	// An escaped backslash before "u0000" is literal text, not NUL; walk
+	// the escapes so that case is left alone.
+	out := make([]byte, 0, len(b))
+	for i := 0; i < len(b); i++ {
+		if b[i] == '\\' && i+1 < len(b) {
+			if b[i+1] == 'u' && i+5 < len(b) && string(b[i+2:i+6]) == "0000" {
+				out = append(out, `\ufffd`...)
+				i += 5
+				continue
+			}
+			out = append(out, b[i], b[i+1])
+			i++
+			continue
+		}
+		out = append(out, b[i])
+	}
+	return out
 }

@@ -288,3 +288,44 @@ func TestAppendTxFollowsTheCallersTransaction(t *testing.T) {
 		t.Fatalf("rolled back intent is visible: %v", err)
 	}
 }
+
+func TestJSONBSafe(t *testing.T) {
+	t.Parallel()
+	cases := map[string]string{
+		`{"a":"x\u0000y"}`:  `{"a":"x\ufffdy"}`,
+		`{"a":"x\\u0000y"}`: `{"a":"x\\u0000y"}`, // an escaped backslash: literal text
+		`{"a":"plain"}`:     `{"a":"plain"}`,
+		`{"a":"\u0000"}`:    `{"a":"\ufffd"}`,
+	}
+	for in, want := range cases {
+		if got := string(store.JSONBSafe([]byte(in))); got != want {
+			t.Errorf("JSONBSafe(%s) = %s, want %s", in, got, want)
+		}
+	}
+}
+
+// TestResultWithNULIsJournaled: a tool response with \u0000 in a string is
+// an effect that happened; the journal must take it.
+func TestResultWithNULIsJournaled(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	op := create(t, s, "nul")
+	op, err := s.Append(ctx, store.Append{Base: op, Events: []events.Envelope{started(t, op, "w")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := events.New(events.AttemptSucceeded, "nul", op.Seq+1, op.Tool, op.EffectClass, op.Attempt,
+		events.AttemptSucceededData{Result: json.RawMessage(`{"note":"a\u0000b"}`)}, t0.Add(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Append(ctx, store.Append{Base: op, Events: []events.Envelope{ev}}); err != nil {
+		t.Fatalf("appending a result with NUL: %v", err)
+	}
+	evs, _ := s.Events(ctx, "nul", 2)
+	d, _ := evs[0].DecodeData()
+	if got := string(d.(*events.AttemptSucceededData).Result); got != `{"note":"a\u0000b"}` {
+		t.Fatalf("the journal changed the result: %s", got)
+	}
+}

@@ -40,6 +40,7 @@ const (
 	faultFailAfter
 	faultStall
 	faultStallForever
+	faultApplyThenStall
 )
 
 // Fault is one injected misbehaviour of a [FakeTool] request. For each route
@@ -68,6 +69,12 @@ var (
 	// client gives up (or the tool shuts down), then drops the connection.
 	// It models a hung downstream and exercises client timeouts.
 	FaultStallForever = Fault{kind: faultStallForever}
+
+	// FaultApplyThenStall applies the effect, then holds the response until
+	// the client goes away. It models a downstream that committed while the
+	// caller is about to die: the crash matrix's "after the downstream
+	// committed, before the response" point.
+	FaultApplyThenStall = Fault{kind: faultApplyThenStall}
 )
 
 // FaultFailBeforeEffect responds with status (e.g. 503, 429, 400) without
@@ -110,6 +117,8 @@ func (f Fault) String() string {
 		return fmt.Sprintf("stall(%v)", f.stall)
 	case faultStallForever:
 		return "stall-forever"
+	case faultApplyThenStall:
+		return "apply-then-stall"
 	}
 	return "unknown"
 }
@@ -484,6 +493,10 @@ func (ft *FakeTool) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	// Faults that act after the effect.
 	switch fault.kind {
 	case faultLoseResponse:
+		dropConnection(w)
+		return
+	case faultApplyThenStall:
+		ft.wait(r.Context(), -1)
 		dropConnection(w)
 		return
 	case faultFailAfter:

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/internal/httpapi"
+	"github.com/effectline/effectline/internal/store"
+	"github.com/effectline/effectline/projector"
+	"github.com/effectline/effectline/reconciler"
+)
+
+// operationsFrom serves the API's operation list from the projector's read
+// model. The API declares what it needs; cmd joins the two.
+func operationsFrom(r *projector.Reader) httpapi.OperationsFunc {
+	return func(ctx context.Context, f httpapi.ListFilter) (httpapi.ListPage, error) {
+		page, err := r.List(ctx, projector.Filter{Status: f.Status, Tool: f.Tool, Limit: f.Limit, Cursor: f.Cursor})
+		if err != nil {
+			if projector.IsInvalidFilter(err) {
+				return httpapi.ListPage{}, fmt.Errorf("%w: %w", httpapi.ErrInvalidCursor, err)
+			}
+			return httpapi.ListPage{}, err
+		}
+		out := httpapi.ListPage{NextCursor: page.NextCursor, Items: make([]events.Operation, len(page.Items))}
+		for i, s := range page.Items {
+			out.Items[i] = events.Operation{
+				Key: s.OperationKey, Tool: s.Tool, EffectClass: s.EffectClass, PayloadHash: s.PayloadHash,
+				Principal: s.Principal, Status: s.Status, Phase: s.Phase, Attempt: s.Attempt,
+				LeaseUntil: s.LeaseUntil, Result: s.Result, DownstreamID: s.DownstreamID, UndoRef: s.UndoRef,
+				Compensations: s.Compensations, LastErrorClass: s.LastErrorClass, Evidence: s.Evidence,
+				Escalation: s.Escalation, Seq: s.LastSeq, CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt,
+			}
+		}
+		return out, nil
+	}
+}
+
+// decider records approvers' decisions through the reconciler, translating
+// its refusals into the API's.
+type decider struct {
+	store  *store.Store
+	prefix string
+	tp     trace.TracerProvider
+	mp     metric.MeterProvider
+}
+
+func (d decider) Decide(ctx context.Context, key string, action events.Action, note, approver string) (events.Operation, error) {
+	op, err := reconciler.Decide(ctx, d.store, key, action, note, approver, time.Now(),
+		reconciler.WithTopicPrefix(d.prefix), reconciler.WithTelemetry(d.tp, d.mp))
+	switch {
+	case errors.Is(err, reconciler.ErrNotWaiting):
+		err = fmt.Errorf("%w: %w", httpapi.ErrNotWaiting, err)
+	case errors.Is(err, reconciler.ErrInvalidDecision):
+		err = fmt.Errorf("%w: %w", httpapi.ErrInvalidDecision, err)
+	}
+	return op, err
+}
+
+// webhookAdapter applies inbound callbacks through the reconciler.
+type webhookAdapter struct{ w *reconciler.Webhooks }
+
+func (a webhookAdapter) Handle(ctx context.Context, source string, h http.Header, body []byte, now time.Time) (httpapi.WebhookOutcome, error) {
+	res, err := a.w.Handle(ctx, source, h, body, now)
+	if err != nil {
+		for _, m := range [...]struct{ from, to error }{
+			{reconciler.ErrUnknownSource, httpapi.ErrUnknownSource},
+			{reconciler.ErrBadSignature, httpapi.ErrBadSignature},
+			{reconciler.ErrStaleTimestamp, httpapi.ErrStaleTimestamp},
+			{reconciler.ErrInvalidPayload, httpapi.ErrInvalidPayload},
+		} {
+			if errors.Is(err, m.from) {
+				return httpapi.WebhookOutcome{}, fmt.Errorf("%w: %w", m.to, err)
+			}
+		}
+		return httpapi.WebhookOutcome{}, err
+	}
+	return httpapi.WebhookOutcome{Duplicate: res.Duplicate, Applied: res.Applied,
+		OperationKey: res.OperationKey, Status: res.Status, Ignored: res.Ignored}, nil
+}

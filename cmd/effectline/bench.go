@@ -1,0 +1,443 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/internal/tool"
+	"github.com/effectline/effectline/outbox"
+)
+
+// benchConfig is the load of one `effectline bench` run.
+type benchConfig struct {
+	n           int
+	rate        int // operations per second; 0 = flat out
+	batch       int // intents per agent transaction
+	concurrency int // agent transactions in flight (flat out)
+	timeout     time.Duration
+	keep        bool
+}
+
+// runBench drives N intents through the whole pipeline in one process — an
+// agent appending intents through the outbox, the relay, Kafka, the
+// executor, a local tool over HTTP, the outcomes topic, the projector — and
+// reports throughput, end-to-end latency (intent committed → terminal state
+// in operation_state), synchronous commits per operation, and duplicate and
+// lost operations.
+func runBench(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlags("bench", stderr)
+	var bc benchConfig
+	fs.IntVar(&bc.n, "n", 5000, "operations to run")
+	fs.IntVar(&bc.rate, "rate", 0, "operations per second (0: flat out)")
+	fs.IntVar(&bc.batch, "batch", 20, "intents per agent transaction (flat out)")
+	fs.IntVar(&bc.concurrency, "concurrency", 8, "agent transactions in flight (flat out)")
+	fs.DurationVar(&bc.timeout, "timeout", 5*time.Minute, "give up waiting after this long")
+	fs.BoolVar(&bc.keep, "keep", false, "keep the benchmark database")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if bc.n <= 0 || bc.batch <= 0 || bc.concurrency <= 0 || bc.rate < 0 {
+		return fmt.Errorf("%w: -n, -batch and -concurrency must be positive, -rate not negative", errUsage)
+	}
+	cfg, err := configFromEnv(getenv)
+	if err != nil {
+		return err
+	}
+	if cfg.LogLevel == "" {
+		cfg.LogLevel = "error"
+	}
+
+	dbURL, drop, err := createBenchDatabase(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	if !bc.keep {
+		defer drop()
+	}
+	cfg.DatabaseURL = dbURL
+
+	sink, err := startBenchTool()
+	if err != nil {
+		return err
+	}
+	defer sink.close()
+	reg, err := tool.Parse([]byte(sink.toolsYAML()), getenv)
+	if err != nil {
+		return err
+	}
+	if len(cfg.KafkaBrokers) == 0 {
+		cluster, err := startEmbeddedBroker(cfg.Partitions)
+		if err != nil {
+			return err
+		}
+		defer cluster.Close()
+		cfg.KafkaBrokers = cluster.ListenAddrs()
+	}
+	cfg.HTTPAddr = "127.0.0.1:0"
+	comps := []string{componentRelay, componentExecutor, componentProjector, componentReconciler}
+	a, err := newApp(ctx, appOptions{cfg: cfg, stdout: stderr, getenv: getenv, components: comps,
+		migrate: true, tools: reg, service: "effectline-bench"})
+	if err != nil {
+		return err
+	}
+	if err := ensureTopics(ctx, a); err != nil {
+		a.close(ctx)
+		return err
+	}
+	built, err := a.build(comps)
+	if err != nil {
+		a.close(ctx)
+		return err
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- a.runAll(runCtx, built) }()
+	defer func() { stop(); <-done }()
+
+	var before, beforeAll int64
+	_ = a.pool.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&beforeAll)
+	before = a.store.SyncCommits()
+
+	mode := "flat out"
+	if bc.rate > 0 {
+		mode = fmt.Sprintf("%d/s", bc.rate)
+	}
+	fmt.Fprintf(stdout, "bench: %d operations, %s, intents in batches of %d through the outbox, tool %s\n",
+		bc.n, mode, bc.effectiveBatch(), sink.url)
+	committed := make([]time.Time, bc.n)
+	var agentCommits atomic.Int64
+	start := time.Now()
+	loadErr := make(chan error, 1)
+	go func() { loadErr <- bc.load(runCtx, a, committed, &agentCommits) }()
+
+	// Wait for every operation to reach a terminal state in the read model.
+	var finished int
+	deadline := time.Now().Add(bc.timeout)
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for finished < bc.n && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-loadErr:
+			if err != nil {
+				return fmt.Errorf("bench: submitting intents: %w", err)
+			}
+		case <-tick.C:
+		}
+		if err := a.pool.QueryRow(ctx, `SELECT count(*) FROM operation_state WHERE status IN ('completed','failed','compensated')`).Scan(&finished); err != nil {
+			return err
+		}
+		progress(stderr, finished, bc.n, time.Since(start))
+	}
+	fmt.Fprintln(stderr)
+	elapsed := time.Since(start)
+
+	// Latency: from each intent's commit to its terminal row's projection.
+	rows, err := a.pool.Query(ctx, `SELECT operation_key, projected_at, status FROM operation_state`)
+	if err != nil {
+		return err
+	}
+	index := map[string]int{}
+	for i := range bc.n {
+		index[benchKey(i)] = i
+	}
+	var lat []time.Duration
+	var last time.Time
+	completed := 0
+	for rows.Next() {
+		var key, status string
+		var at time.Time
+		if err := rows.Scan(&key, &at, &status); err != nil {
+			return err
+		}
+		i, ok := index[key]
+		if !ok || status != string(events.StatusCompleted) || committed[i].IsZero() {
+			continue
+		}
+		completed++
+		lat = append(lat, at.Sub(committed[i]))
+		if at.After(last) {
+			last = at
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	// The same latency to the write side (the outcome journaled), which
+	// tells the executor's share from the relay's and the projector's.
+	wrows, err := a.pool.Query(ctx, `SELECT operation_key, updated_at FROM operations WHERE status = 'completed'`)
+	if err != nil {
+		return err
+	}
+	var wlat []time.Duration
+	for wrows.Next() {
+		var key string
+		var at time.Time
+		if err := wrows.Scan(&key, &at); err != nil {
+			return err
+		}
+		if i, ok := index[key]; ok && !committed[i].IsZero() {
+			wlat = append(wlat, at.Sub(committed[i]))
+		}
+	}
+	if err := wrows.Err(); err != nil {
+		return err
+	}
+	slices.Sort(wlat)
+	if len(wlat) > 0 {
+		fmt.Fprintf(stdout, "journaled (write side): p50=%.1fms p99=%.1fms\n",
+			float64(wlat[len(wlat)/2].Microseconds())/1000, float64(wlat[min(len(wlat)-1, len(wlat)*99/100)].Microseconds())/1000)
+	}
+	var afterAll int64
+	_ = a.pool.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&afterAll)
+	syncCommits := a.store.SyncCommits() - before + agentCommits.Load()
+
+	slices.Sort(lat)
+	pct := func(p float64) float64 {
+		if len(lat) == 0 {
+			return 0
+		}
+		return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Microseconds()) / 1000
+	}
+	span := elapsed
+	if !last.IsZero() {
+		span = last.Sub(start)
+	}
+	throughput := float64(completed) / span.Seconds()
+	dups := sink.duplicates()
+	lost := bc.n - completed
+	fmt.Fprintf(stdout, "completed %d of %d in %.2fs; tool calls %d, effects %d\n", completed, bc.n, span.Seconds(), sink.calls.Load(), sink.effects())
+	fmt.Fprintf(stdout, "postgres: %.2f synchronous commits per operation (%d), %.2f transactions of any kind per operation\n",
+		float64(syncCommits)/float64(bc.n), syncCommits, float64(afterAll-beforeAll)/float64(bc.n))
+	fmt.Fprintf(stdout, "bench: ops=%d throughput=%.0f/s p50=%.1fms p95=%.1fms p99=%.1fms tx_per_op=%.2f duplicates=%d lost=%d\n",
+		bc.n, throughput, pct(0.50), pct(0.95), pct(0.99), float64(syncCommits)/float64(bc.n), dups, lost)
+	if dups > 0 || lost > 0 {
+		return fmt.Errorf("bench: %d duplicate effects, %d lost operations", dups, lost)
+	}
+	return nil
+}
+
+func (bc benchConfig) effectiveBatch() int {
+	if bc.rate > 0 {
+		return max(1, bc.rate/200) // one transaction every 5ms
+	}
+	return bc.batch
+}
+
+func benchKey(i int) string { return fmt.Sprintf("bench/op-%07d", i) }
+
+// load plays the agent service: it appends intents through the outbox in
+// transactions of its own, at the configured rate or as fast as it can.
+func (bc benchConfig) load(ctx context.Context, a *app, committed []time.Time, commits *atomic.Int64) error {
+	batch := bc.effectiveBatch()
+	var next atomic.Int64
+	submit := func() (bool, error) {
+		lo := int(next.Add(int64(batch))) - batch
+		if lo >= bc.n {
+			return false, nil
+		}
+		hi := min(lo+batch, bc.n)
+		ins := make([]outbox.Intent, 0, hi-lo)
+		for i := lo; i < hi; i++ {
+			ins = append(ins, outbox.Intent{
+				OperationKey: benchKey(i), Tool: "bench.charge", EffectClass: events.Irreversible,
+				Args: json.RawMessage(fmt.Sprintf(`{"amount":%d,"currency":"EUR"}`, 100+i%900)), Principal: "bench-agent",
+			})
+		}
+		err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+			_, err := outbox.AppendMany(ctx, tx, ins)
+			return err
+		})
+		if err != nil {
+			return false, err
+		}
+		commits.Add(1)
+		a.store.NotifyAppended()
+		now := time.Now()
+		for i := lo; i < hi; i++ {
+			committed[i] = now
+		}
+		return hi < bc.n, nil
+	}
+	if bc.rate > 0 {
+		interval := time.Duration(float64(time.Second) * float64(batch) / float64(bc.rate))
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		var wg sync.WaitGroup
+		errc := make(chan error, 1)
+		for more := true; more; {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case err := <-errc:
+				return err
+			case <-t.C:
+			}
+			more = int(next.Load()) < bc.n
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := submit(); err != nil {
+					select {
+					case errc <- err:
+					default:
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		return nil
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, bc.concurrency)
+	for range bc.concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				more, err := submit()
+				if err != nil {
+					errs <- err
+					return
+				}
+				if !more {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+func progress(w io.Writer, done, total int, took time.Duration) {
+	const width = 30
+	filled := width * done / max(total, 1)
+	rate := float64(done) / max(took.Seconds(), 0.001)
+	fmt.Fprintf(w, "\r[%s%s] %d/%d operations  %.0f/s  ", strings.Repeat("=", filled), strings.Repeat(" ", width-filled), done, total, rate)
+}
+
+// createBenchDatabase makes a fresh database beside the configured one so
+// a run starts from empty tables, and returns a func that drops it.
+func createBenchDatabase(ctx context.Context, base string) (string, func(), error) {
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		_, cerr := connectDatabase(ctx, base)
+		return "", nil, cerr
+	}
+	defer conn.Close(ctx)
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	name := "effectline_bench_" + hex.EncodeToString(b[:])
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		return "", nil, fmt.Errorf("creating the benchmark database: %w", err)
+	}
+	u, err := url.Parse(base)
+	if err != nil {
+		return "", nil, fmt.Errorf("bench needs %s as a URL: %w", envDatabaseURL, err)
+	}
+	u.Path = "/" + name
+	drop := func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if c, err := pgx.Connect(dctx, base); err == nil {
+			_, _ = c.Exec(dctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+			_ = c.Close(dctx)
+		}
+	}
+	return u.String(), drop, nil
+}
+
+// benchTool is the local downstream: it answers at once, honors nothing,
+// and counts calls per key, so any duplicate execution shows as a duplicate.
+type benchTool struct {
+	url   string
+	srv   *http.Server
+	calls atomic.Int64
+	mu    sync.Mutex
+	byKey map[string]int
+}
+
+func startBenchTool() (*benchTool, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	t := &benchTool{url: "http://" + ln.Addr().String(), byKey: map[string]int{}}
+	t.srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		key := r.Header.Get("Idempotency-Key")
+		t.calls.Add(1)
+		t.mu.Lock()
+		t.byKey[key]++
+		n := len(t.byKey)
+		t.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"ch_%d","status":"succeeded"}`, n)
+	})}
+	go func() { _ = t.srv.Serve(ln) }()
+	return t, nil
+}
+
+func (t *benchTool) close() { _ = t.srv.Close() }
+
+func (t *benchTool) toolsYAML() string {
+	return `tools:
+  - name: bench.charge
+    effect: irreversible
+    invoke: {method: POST, url: "` + t.url + `/charges", timeout: 5s}
+    reconcile: {method: GET, url: "` + t.url + `/charges?idempotency_key={{.Key}}", timeout: 5s}
+    retry: {max_attempts: 4, base_delay: 50ms, max_delay: 2s, deadline: 60s}
+`
+}
+
+func (t *benchTool) effects() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, c := range t.byKey {
+		n += c
+	}
+	return n
+}
+
+func (t *benchTool) duplicates() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	d := 0
+	for _, c := range t.byKey {
+		d += c - 1
+	}
+	return d
+}

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/effectline/effectline/internal/demo"
+	"github.com/effectline/effectline/internal/tool"
+)
+
+// runDev is `effectline dev`: every component in one process, on an embedded
+// Kafka-protocol broker unless EFFECTLINE_KAFKA_BROKERS names a real one.
+func runDev(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlags("dev", stderr)
+	runDemo := fs.Bool("demo", false, "start demo tools with realistic faults and run the worked example")
+	toolsFile := fs.String("tools", "", "the tools file (default $"+envTools+")")
+	orderID := fs.String("order-id", "ord-1001", "with --demo: the order to place; the same id resumes it")
+	exitAfter := fs.Bool("exit-after-demo", false, "with --demo: exit when the example is done instead of serving")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	cfg, err := configFromEnv(getenv)
+	if err != nil {
+		return err
+	}
+	if *toolsFile != "" {
+		cfg.ToolsFile = *toolsFile
+	}
+	if cfg.LogLevel == "" {
+		cfg.LogLevel = "warn" // the terminal belongs to the timeline; EFFECTLINE_LOG_LEVEL=info for more
+	}
+
+	var registry *tool.Registry
+	var downstream *demo.Downstream
+	if *runDemo {
+		if downstream, err = demo.StartDownstream(); err != nil {
+			return fmt.Errorf("starting the demo tools: %w", err)
+		}
+		defer downstream.Close()
+		if registry, err = tool.Parse([]byte(downstream.ToolsYAML()), getenv); err != nil {
+			return fmt.Errorf("demo tools: %w", err)
+		}
+		if cfg.ToolsFile != "" {
+			fmt.Fprintln(stdout, "note: --demo uses its own tools; ignoring", cfg.ToolsFile)
+		}
+	}
+
+	brokerNote := "from " + envKafkaBrokers
+	if len(cfg.KafkaBrokers) == 0 {
+		cluster, err := startEmbeddedBroker(cfg.Partitions)
+		if err != nil {
+			return err
+		}
+		defer cluster.Close()
+		cfg.KafkaBrokers = cluster.ListenAddrs()
+		brokerNote = "embedded Kafka-protocol broker (kfake); set " + envKafkaBrokers + " to use a real cluster"
+	}
+	open := cfg.APITokens == ""
+
+	a, err := newApp(ctx, appOptions{
+		cfg: cfg, stdout: stderr, getenv: getenv, components: Components, migrate: true,
+		tools: registry, open: open, service: "effectline-dev",
+	})
+	if err != nil {
+		return err
+	}
+	if err := ensureTopics(ctx, a); err != nil {
+		a.close(ctx)
+		return err
+	}
+	comps, err := a.build(Components)
+	if err != nil {
+		a.close(ctx)
+		return err
+	}
+
+	base := "http://" + a.api.Addr()
+	fmt.Fprintf(stdout, "effectline dev %s\n", version)
+	fmt.Fprintf(stdout, "  API       %s/v1/  (OpenAPI: %s/v1/openapi.json)\n", base, base)
+	if open {
+		fmt.Fprintf(stdout, "            open: %s is not set, so every request, decisions included, is the approver \"dev\"\n", envAPITokens)
+	}
+	fmt.Fprintf(stdout, "  UI        %s/ui/\n", base)
+	fmt.Fprintf(stdout, "  metrics   %s/metrics\n", base)
+	fmt.Fprintf(stdout, "  broker    %s  (%s)\n", strings.Join(cfg.KafkaBrokers, ","), brokerNote)
+	fmt.Fprintf(stdout, "  database  %s\n", redactURL(cfg.DatabaseURL))
+	if len(a.tools.Names()) == 0 {
+		fmt.Fprintf(stdout, "  tools     none: pass --tools FILE or set %s (or try --demo)\n", envTools)
+	} else {
+		fmt.Fprintf(stdout, "  tools     %s\n", strings.Join(a.tools.Names(), ", "))
+	}
+
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	done := make(chan error, 1)
+	go func() { done <- a.runAll(runCtx, comps) }()
+
+	if *runDemo {
+		sum, err := demo.Run(runCtx, demo.Config{Store: a.store, Downstream: downstream, Out: stdout, OrderID: *orderID, TopicPrefix: a.kafka.TopicPrefix})
+		if err != nil {
+			stopRun()
+			<-done
+			return err
+		}
+		if sum.Duplicates != 0 {
+			fmt.Fprintf(stdout, "DUPLICATE EFFECTS: %d\n", sum.Duplicates)
+		}
+		if *exitAfter {
+			stopRun()
+			return <-done
+		}
+		fmt.Fprintf(stdout, "\nServing until Ctrl-C: explore %s/ui/ and %s/v1/operations\n", base, base)
+	}
+	return <-done
+}
+
+// startEmbeddedBroker starts kfake on 127.0.0.1 only. Topics are created by
+// the normal provisioning path, as on a real cluster.
+func startEmbeddedBroker(partitions int32) (*kfake.Cluster, error) {
+	if partitions <= 0 {
+		partitions = 12
+	}
+	c, err := kfake.NewCluster(
+		kfake.NumBrokers(1),
+		kfake.DefaultNumPartitions(int(partitions)),
+		kfake.ListenFn(func(network, address string) (net.Listener, error) {
+			_, port, err := net.SplitHostPort(address)
+			if err != nil {
+				return nil, err
+			}
+			return net.Listen(network, net.JoinHostPort("127.0.0.1", port))
+		}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("starting the embedded broker: %w", err)
+	}
+	return c, nil
+}

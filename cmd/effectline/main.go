@@ -1,0 +1,100 @@
+// Command effectline runs the side effects AI agents ask for, so that
+// retries, crashes, lost responses and duplicate messages never double an
+// effect. See README.md for the two commands a newcomer runs.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, errUsage) {
+			fmt.Fprintln(os.Stderr, "effectline:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+var errUsage = errors.New("usage")
+
+const usage = `effectline runs the side effects AI agents ask for, exactly once where it matters.
+
+Usage:
+  effectline dev [--demo] [--tools FILE]       everything in one process, embedded Kafka-protocol broker
+  effectline run --components LIST             production: any of relay,executor,projector,reconciler,api
+  effectline migrate                           apply the database schema
+  effectline projector rebuild                 rebuild the operation_state read model from the event store
+  effectline bench [flags]                     drive intents through the whole pipeline and report
+  effectline healthcheck [URL]                 exit 0 when URL (default the local /healthz) answers 2xx
+  effectline version
+
+Configuration is read from the environment: EFFECTLINE_DATABASE_URL, EFFECTLINE_KAFKA_BROKERS,
+EFFECTLINE_TOOLS, EFFECTLINE_HTTP_ADDR, EFFECTLINE_API_TOKENS, EFFECTLINE_APPROVERS and the
+standard OTEL_* variables. See README.md.
+`
+
+// run is main without the process: testable, and the only place that reads
+// the environment.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errUsage
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "dev":
+		return runDev(ctx, rest, getenv, stdout, stderr)
+	case "run":
+		return runComponents(ctx, rest, getenv, stdout, stderr)
+	case "migrate":
+		return runMigrate(ctx, rest, getenv, stdout, stderr)
+	case "projector":
+		return runProjectorCmd(ctx, rest, getenv, stdout, stderr)
+	case "bench":
+		return runBench(ctx, rest, getenv, stdout, stderr)
+	case "healthcheck":
+		return runHealthcheck(ctx, rest, getenv, stdout)
+	case "version":
+		fmt.Fprintln(stdout, "effectline", version)
+		return nil
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprintf(stderr, "effectline: unknown command %q\n\n%s", cmd, usage)
+	return errUsage
+}
+
+// newFlags returns a flag set that prints to stderr and returns errors.
+func newFlags(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("effectline "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}
+
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return errUsage
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	return nil
+}

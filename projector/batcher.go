@@ -1,0 +1,383 @@
+package projector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/internal/store"
+)
+
+// errStopped answers events submitted after the batcher stopped; the
+// handler returns it, so the message is not acked and is delivered again.
+var errStopped = errors.New("projector stopped")
+
+// errNotJournaled rejects a delivered event whose gap the event store cannot
+// fill: the store does not hold the event, so it is not effectline's.
+var errNotJournaled = errors.New("event is not in the event store")
+
+// outcome is what projecting one delivered event did.
+type outcome int
+
+const (
+	outcomeApplied  outcome = iota // folded onto the row
+	outcomeFilled                  // folded after the gap before it was filled from the event store
+	outcomeSkipped                 // already in the row
+	outcomeRejected                // cannot apply; acked and logged, the row is unchanged
+)
+
+func (o outcome) String() string {
+	switch o {
+	case outcomeApplied:
+		return OutcomeApplied
+	case outcomeFilled:
+		return OutcomeGapFilled
+	case outcomeSkipped:
+		return OutcomeSkipped
+	}
+	return OutcomeRejected
+}
+
+// result is the committed effect of one delivered event.
+type result struct {
+	outcome outcome
+	filled  int   // events loaded from the event store before it
+	reason  error // why it was rejected
+}
+
+type request struct {
+	ctx  context.Context
+	env  events.Envelope
+	resp chan response
+}
+
+type response struct {
+	result
+	// err means nothing was committed for the event: the message must not
+	// be acked, and it will be delivered again.
+	err error
+}
+
+// batcher is a group commit for the handlers. watermill-kafka hands out one
+// message per partition and waits for its ack before the next, so throughput
+// is partitions × (1 / commit latency) unless the partitions share their
+// commits. Each handler submits its event and waits; a flusher takes
+// everything queued, folds it in memory, writes every changed row in one
+// statement and commits once. There is no waiting window: a lone event
+// commits at once, and under load batches grow by themselves while the
+// previous commit is in flight.
+type batcher struct {
+	pool       *pgxpool.Pool
+	store      *store.Store
+	metrics    *metrics
+	log        *slog.Logger
+	maxBatch   int
+	flushers   int
+	timeout    time.Duration
+	syncCommit bool
+
+	reqs chan *request
+	done chan struct{}
+}
+
+// run flushes until ctx is done, then fails what is still queued. A batch a
+// flusher already took is finished even after ctx is done, so an event whose
+// row committed is reported as committed.
+func (b *batcher) run(ctx context.Context) {
+	finished := make(chan struct{}, b.flushers)
+	for range b.flushers {
+		go func() {
+			defer func() { finished <- struct{}{} }()
+			b.flushLoop(ctx)
+		}()
+	}
+	for range b.flushers {
+		<-finished
+	}
+	close(b.done)
+	b.failQueued()
+}
+
+// failQueued answers every request still queued. It runs once the flushers
+// are gone, from run and from submitters that raced with it, so each request
+// ends up answered exactly once (whoever receives it from the channel answers).
+func (b *batcher) failQueued() {
+	for {
+		select {
+		case r := <-b.reqs:
+			r.resp <- response{err: errStopped}
+		default:
+			return
+		}
+	}
+}
+
+// submit queues one event and waits until its row is committed (or it is
+// known that nothing was).
+func (b *batcher) submit(ctx context.Context, e events.Envelope) (result, error) {
+	r := &request{ctx: ctx, env: e, resp: make(chan response, 1)}
+	select {
+	case b.reqs <- r:
+	case <-b.done:
+		return result{}, errStopped
+	case <-ctx.Done():
+		return result{}, ctx.Err()
+	}
+	select {
+	case res := <-r.resp:
+		return res.result, res.err
+	case <-b.done:
+		// The flushers are gone, so every request they took is answered; one
+		// still queued (ours, if it slipped in while run was draining) is
+		// answered here.
+		b.failQueued()
+		res := <-r.resp
+		return res.result, res.err
+	}
+}
+
+func (b *batcher) flushLoop(ctx context.Context) {
+	batch := make([]*request, 0, b.maxBatch)
+	for {
+		batch = batch[:0]
+		select {
+		case <-ctx.Done():
+			return
+		case r := <-b.reqs:
+			batch = append(batch, r)
+		}
+	drain:
+		for len(batch) < b.maxBatch {
+			select {
+			case r := <-b.reqs:
+				batch = append(batch, r)
+			default:
+				break drain
+			}
+		}
+		b.flush(ctx, batch)
+	}
+}
+
+func (b *batcher) flush(ctx context.Context, batch []*request) {
+	live := make([]*request, 0, len(batch))
+	for _, r := range batch {
+		// The subscriber cancels a message's context when it stops waiting
+		// for the ack; projecting it now would be wasted, it comes back.
+		if err := r.ctx.Err(); err != nil {
+			r.resp <- response{err: err}
+			continue
+		}
+		live = append(live, r)
+	}
+	if len(live) == 0 {
+		return
+	}
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.timeout)
+	defer cancel()
+
+	b.metrics.batch.Record(fctx, int64(len(live)))
+	keys, byKey := groupByKey(live)
+	results, err := b.commit(fctx, live, keys, byKey)
+	switch {
+	case err == nil:
+		b.answer(live, results)
+	case isDataError(err) && len(keys) > 1:
+		// One event's row was refused (a value PostgreSQL will not store).
+		// Retrying the batch would fail forever and stall every partition in
+		// it, so each operation commits on its own and only the culprit's
+		// events are rejected.
+		for _, k := range keys {
+			group := make([]*request, len(byKey[k]))
+			for j, i := range byKey[k] {
+				group[j] = live[i]
+			}
+			b.commitAlone(fctx, group)
+		}
+	case isDataError(err):
+		b.reject(live, err)
+	default:
+		b.log.WarnContext(fctx, "projector: committing a batch failed; its events will be delivered again",
+			"events", len(live), "error", err)
+		for _, r := range live {
+			r.resp <- response{err: err}
+		}
+	}
+}
+
+// commitAlone commits the events of one operation.
+func (b *batcher) commitAlone(ctx context.Context, reqs []*request) {
+	keys, byKey := groupByKey(reqs)
+	results, err := b.commit(ctx, reqs, keys, byKey)
+	switch {
+	case err == nil:
+		b.answer(reqs, results)
+	case isDataError(err):
+		b.reject(reqs, err)
+	default:
+		for _, r := range reqs {
+			r.resp <- response{err: err}
+		}
+	}
+}
+
+func (b *batcher) reject(reqs []*request, err error) {
+	for _, r := range reqs {
+		b.metrics.count(r.ctx, OutcomeRejected, 1)
+		r.resp <- response{result: result{outcome: outcomeRejected, reason: fmt.Errorf("the database refused the row: %w", err)}}
+	}
+}
+
+// answer records the metrics of a committed batch and releases its handlers.
+func (b *batcher) answer(reqs []*request, results []result) {
+	now := time.Now()
+	for i, r := range reqs {
+		res := results[i]
+		switch res.outcome {
+		case outcomeApplied, outcomeFilled:
+			b.metrics.count(r.ctx, OutcomeApplied, 1)
+			b.metrics.count(r.ctx, OutcomeGapFilled, res.filled)
+			b.metrics.observeLag(r.ctx, r.env.OccurredAt, now)
+		case outcomeSkipped:
+			b.metrics.count(r.ctx, OutcomeSkipped, 1)
+		case outcomeRejected:
+			b.metrics.count(r.ctx, OutcomeRejected, 1)
+		}
+		r.resp <- response{result: res}
+	}
+}
+
+// groupByKey returns the distinct keys of reqs in order of first appearance
+// and, per key, the indexes of its requests in seq order.
+func groupByKey(reqs []*request) ([]string, map[string][]int) {
+	var keys []string
+	byKey := make(map[string][]int, len(reqs))
+	for i, r := range reqs {
+		k := r.env.OperationKey
+		if _, ok := byKey[k]; !ok {
+			keys = append(keys, k)
+		}
+		byKey[k] = append(byKey[k], i)
+	}
+	for _, idx := range byKey {
+		slices.SortStableFunc(idx, func(a, c int) int {
+			return compareInt64(reqs[a].env.Seq, reqs[c].env.Seq)
+		})
+	}
+	return keys, byKey
+}
+
+func compareInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// commit projects reqs in one transaction: lock and load the current rows,
+// fold each operation's events in seq order in memory, write every changed
+// row in one statement, commit. It returns the result of each request only
+// once the commit returned, so no message is acked before its row is stored.
+func (b *batcher) commit(ctx context.Context, reqs []*request, keys []string, byKey map[string][]int) ([]result, error) {
+	results := make([]result, len(reqs))
+	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		current, err := lockRecordsTx(ctx, tx, keys, b.syncCommit)
+		if err != nil {
+			return err
+		}
+		changed := make([]events.Operation, 0, len(keys))
+		for _, k := range keys {
+			op := current[k]
+			base := op.Seq
+			for _, i := range byKey[k] {
+				op, results[i], err = b.project(ctx, op, reqs[i].env)
+				if err != nil {
+					return err
+				}
+			}
+			if op.Seq > base {
+				changed = append(changed, op)
+			}
+		}
+		// Rows are inserted in key order, like they are locked, so two
+		// transactions that meet on the same new keys (replicas during a
+		// rebalance) wait for each other instead of deadlocking.
+		slices.SortFunc(changed, func(a, c events.Operation) int { return strings.Compare(a.Key, c.Key) })
+		_, err = upsertTx(ctx, tx, changed)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return results, nil
+}
+
+// project folds one delivered event onto op, the operation's row as of this
+// batch. Only an error that may pass on a retry (the event store could not
+// be read) is returned as an error; an event that can never apply is a
+// rejected result, so it is acked and never stalls its partition.
+func (b *batcher) project(ctx context.Context, op events.Operation, e events.Envelope) (events.Operation, result, error) {
+	switch {
+	case e.Seq <= op.Seq:
+		return op, result{outcome: outcomeSkipped}, nil
+	case e.Seq == op.Seq+1:
+		next, err := events.Apply(op, e)
+		if err != nil {
+			return op, result{outcome: outcomeRejected, reason: err}, nil
+		}
+		return next, result{outcome: outcomeApplied}, nil
+	}
+	return b.fill(ctx, op, e)
+}
+
+// fill handles an event that is ahead of its row: a message was lost or
+// reordered, or the topic's retention dropped an operation's first events
+// before this consumer group read them. Rather than guess,
+// it folds the event store's events from the row's seq through the delivered
+// one. The delivered event itself is taken from the store too: the journal
+// is the truth, and the relay published exactly those bytes.
+func (b *batcher) fill(ctx context.Context, op events.Operation, e events.Envelope) (events.Operation, result, error) {
+	stored, err := b.store.Events(ctx, e.OperationKey, op.Seq)
+	if err != nil {
+		return op, result{}, fmt.Errorf("filling the gap of %s from seq %d to %d: %w", e.OperationKey, op.Seq, e.Seq, err)
+	}
+	next := op
+	for _, s := range stored {
+		if s.Seq > e.Seq {
+			break
+		}
+		n, err := events.Apply(next, s.Envelope)
+		if err != nil {
+			return op, result{outcome: outcomeRejected, reason: fmt.Errorf("journaled seq %d: %w", s.Seq, err)}, nil
+		}
+		next = n
+	}
+	if next.Seq != e.Seq {
+		return op, result{outcome: outcomeRejected, reason: fmt.Errorf("%w (it holds seq %d to %d)", errNotJournaled, op.Seq+1, next.Seq)}, nil
+	}
+	return next, result{outcome: outcomeFilled, filled: int(e.Seq - op.Seq - 1)}, nil
+}
+
+// isDataError reports whether PostgreSQL refused a value rather than failed:
+// a data exception (a \u0000 inside a JSON string, which jsonb cannot hold)
+// or a program limit (a value too large for an index entry). Retrying such a
+// write fails the same way every time.
+func isDataError(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	return len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "54")
+}

@@ -1,0 +1,252 @@
+// Package projector maintains operation_state, effectline's public read
+// model: one row per operation, the fold of its events, kept up to date from
+// the effectline.outcomes topic and rebuildable from the event store.
+//
+// The projector is idempotent by construction. Every row carries last_seq,
+// the seq of the last event folded into it; a delivered event at or below it
+// is skipped, the next one is folded with events.Apply, and one further
+// ahead (a lost or reordered message) is preceded by the missing events read
+// from the event store. Replaying the topic from offset 0 therefore changes
+// nothing, and any writer that reaches seq N of an operation writes the same
+// row, which is what Rebuild relies on.
+//
+// Reader is the query side the HTTP API uses: Get by key and List with
+// keyset paging, newest first.
+package projector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/store"
+)
+
+// DefaultGroup is the consumer group of the projector. Every replica joins
+// it; a new group name replays the topic from its start.
+const DefaultGroup = "effectline-projector"
+
+// Config configures a Projector.
+type Config struct {
+	// Kafka says where effectline.outcomes is. Required.
+	Kafka kafka.Config
+	// Store is the event store: it fills gaps, and operation_state lives in
+	// its database. Required. Its pool needs a connection per flusher plus
+	// one for gap fills.
+	Store *store.Store
+	// Group is the Kafka consumer group. Default DefaultGroup.
+	Group string
+	// Logger receives the projector's logs. Default slog.Default().
+	Logger *slog.Logger
+	// TracerProvider and MeterProvider default to the otel globals.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
+	// MaxBatch caps the events one transaction folds. Default 512. Batches
+	// are bounded in practice by the partitions this replica owns, since
+	// each has one message in flight.
+	MaxBatch int
+	// Flushers is how many batch transactions may be in flight at once.
+	// Default 2: one commits while the next batch gathers.
+	Flushers int
+	// FlushTimeout bounds one batch transaction. Default 30s.
+	FlushTimeout time.Duration
+	// SynchronousCommit makes every projection commit wait for its WAL
+	// flush. By default it does not (synchronous_commit = off for the
+	// projector's transactions only): the read model is derived data and a
+	// commit that returned is acked at once. If the database crashes within
+	// the WAL writer's window (about 3 × wal_writer_delay) after such a
+	// commit, those rows fall back to an earlier seq while their offsets are
+	// already committed; the next event of each affected operation restores
+	// its row through gap fill, and an operation that had reached its last
+	// event stays behind until Rebuild runs or the group's offsets are reset
+	// to before the crash. Set this when that window is not acceptable.
+	SynchronousCommit bool
+}
+
+// WithDefaults fills unset fields.
+func (c Config) WithDefaults() Config {
+	c.Kafka = c.Kafka.WithDefaults()
+	if c.Group == "" {
+		c.Group = DefaultGroup
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
+	}
+	if c.MeterProvider == nil {
+		c.MeterProvider = otel.GetMeterProvider()
+	}
+	if c.MaxBatch <= 0 {
+		c.MaxBatch = 512
+	}
+	if c.Flushers <= 0 {
+		c.Flushers = 2
+	}
+	if c.FlushTimeout <= 0 {
+		c.FlushTimeout = 30 * time.Second
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if c.Store == nil {
+		return errors.New("projector: Config.Store is required")
+	}
+	if err := c.Kafka.Validate(); err != nil {
+		return fmt.Errorf("projector: %w", err)
+	}
+	return nil
+}
+
+// Projector consumes effectline.outcomes into operation_state.
+type Projector struct {
+	cfg     Config
+	log     *slog.Logger
+	tracer  trace.Tracer
+	metrics *metrics
+	batcher *batcher
+	started atomic.Bool
+}
+
+// New returns a projector; Run starts it.
+func New(cfg Config) (*Projector, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.MeterProvider)
+	if err != nil {
+		return nil, fmt.Errorf("projector: %w", err)
+	}
+	log := cfg.Logger.With("component", "projector")
+	return &Projector{
+		cfg:     cfg,
+		log:     log,
+		tracer:  cfg.TracerProvider.Tracer("github.com/effectline/effectline/projector"),
+		metrics: m,
+		batcher: &batcher{
+			pool:       cfg.Store.Pool(),
+			store:      cfg.Store,
+			metrics:    m,
+			log:        log,
+			maxBatch:   cfg.MaxBatch,
+			flushers:   cfg.Flushers,
+			timeout:    cfg.FlushTimeout,
+			syncCommit: cfg.SynchronousCommit,
+			reqs:       make(chan *request, cfg.MaxBatch*cfg.Flushers),
+			done:       make(chan struct{}),
+		},
+	}, nil
+}
+
+// Run consumes until ctx is done and returns nil then; it returns an error
+// if the consumer cannot start or stops on its own. A Projector runs once.
+//
+// Offsets are committed only for acked messages and a message is acked only
+// after its row committed, so a crash at any point redelivers what was not
+// stored, and redelivery is harmless.
+func (p *Projector) Run(ctx context.Context) error {
+	if !p.started.CompareAndSwap(false, true) {
+		return errors.New("projector: Run called twice")
+	}
+	sub, err := kafka.NewSubscriber(p.cfg.Kafka, p.cfg.Group, p.cfg.Logger)
+	if err != nil {
+		return fmt.Errorf("projector: %w", err)
+	}
+	defer func() {
+		if err := sub.Close(); err != nil {
+			p.log.WarnContext(ctx, "projector: closing the subscriber", "error", err)
+		}
+	}()
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: p.cfg.FlushTimeout + 5*time.Second},
+		kafka.WatermillLogger(p.cfg.Logger))
+	if err != nil {
+		return fmt.Errorf("projector: %w", err)
+	}
+	// Run closes the router when ctx ends; this covers the paths where it
+	// returns early (a failed subscribe) and leaves its watchers running.
+	defer func() { _ = router.Close() }()
+	// No retry middleware: a failed commit nacks, and watermill-kafka
+	// redelivers after its resend sleep. Only that partition waits, and only
+	// for an error that may pass (the database is unreachable); events that
+	// can never apply are acked by the handler.
+	router.AddConsumerHandler("projector", p.cfg.Kafka.Topic(events.TopicOutcomes), sub, p.handle)
+
+	// The batcher outlives the router: handlers still running when ctx ends
+	// get their commit answered instead of an error, and it stops once the
+	// router has waited for all of them.
+	bctx, stopBatcher := context.WithCancel(context.WithoutCancel(ctx))
+	batcherDone := make(chan struct{})
+	go func() {
+		defer close(batcherDone)
+		p.batcher.run(bctx)
+	}()
+	defer func() {
+		stopBatcher()
+		<-batcherDone
+	}()
+
+	p.log.InfoContext(ctx, "projector: consuming", "topic", p.cfg.Kafka.Topic(events.TopicOutcomes), "group", p.cfg.Group)
+	if err := router.Run(ctx); err != nil {
+		return fmt.Errorf("projector: %w", err)
+	}
+	if ctx.Err() == nil {
+		return errors.New("projector: the consumer stopped on its own")
+	}
+	return nil
+}
+
+// handle projects one message. Returning nil acks it; returning an error
+// nacks it for redelivery, which only a commit that failed may do.
+func (p *Projector) handle(msg *message.Message) error {
+	ctx := kafka.ContextWithTraceparent(msg.Context(), kafka.TraceparentOf(msg))
+	env, err := events.Decode(msg.Payload)
+	if err != nil {
+		// Never the payload: it may hold tool arguments or results. The
+		// partition and offset find the message for whoever investigates.
+		partition, _ := wmkafka.MessagePartitionFromCtx(msg.Context())
+		offset, _ := wmkafka.MessagePartitionOffsetFromCtx(msg.Context())
+		p.log.WarnContext(ctx, "projector: dropped a malformed message",
+			"partition", partition, "offset", offset, "bytes", len(msg.Payload), "error", err)
+		p.metrics.count(ctx, OutcomeMalformed, 1)
+		return nil
+	}
+	ctx, span := p.tracer.Start(ctx, "projector.project",
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			attribute.String("effectline.operation_key", env.OperationKey),
+			attribute.String("effectline.event.type", string(env.Type)),
+			attribute.Int64("effectline.event.seq", env.Seq),
+		))
+	defer span.End()
+
+	res, err := p.batcher.submit(ctx, env)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "not committed")
+		return fmt.Errorf("projecting %s seq %d: %w", env.OperationKey, env.Seq, err)
+	}
+	span.SetAttributes(attribute.String("effectline.projection.outcome", res.outcome.String()))
+	if res.outcome == outcomeRejected {
+		span.SetStatus(codes.Error, "rejected")
+		p.log.ErrorContext(ctx, "projector: dropped an event that does not apply to its operation",
+			"operation_key", env.OperationKey, "seq", env.Seq, "type", env.Type, "event_id", env.EventID,
+			"error", res.reason)
+	}
+	return nil
+}
