@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/internal/kafka"
@@ -47,6 +48,9 @@ type RelayConfig struct {
 	// TracerProvider makes the "relay publish" spans. Default: the global
 	// provider.
 	TracerProvider trace.TracerProvider
+	// MeterProvider serves the outbox backlog gauges (MetricOutboxBacklog,
+	// MetricOutboxLag) while Run runs. Default: the global provider.
+	MeterProvider metric.MeterProvider
 }
 
 // Defaults of RelayConfig.
@@ -76,6 +80,9 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 	}
 	if c.TracerProvider == nil {
 		c.TracerProvider = otel.GetTracerProvider()
+	}
+	if c.MeterProvider == nil {
+		c.MeterProvider = otel.GetMeterProvider()
 	}
 	return c
 }
@@ -124,6 +131,7 @@ type Relay struct {
 
 	wake    chan struct{}
 	running atomic.Bool
+	backlog *backlogGauges
 
 	published atomic.Int64
 	skipped   atomic.Int64
@@ -160,6 +168,10 @@ func NewRelay(st *store.Store, pub Publisher, cfg RelayConfig) *Relay {
 		log:    cfg.Logger.With("component", "outbox_relay"),
 		tracer: cfg.TracerProvider.Tracer("github.com/effectline/effectline/outbox"),
 		wake:   make(chan struct{}, 1),
+	}
+	var err error
+	if r.backlog, err = newBacklogGauges(st, cfg.MeterProvider); err != nil {
+		panic(fmt.Sprintf("outbox: creating the backlog gauges: %v", err))
 	}
 	st.OnAppend(r.signal)
 	return r
@@ -203,6 +215,14 @@ func (r *Relay) Run(ctx context.Context) error {
 		return errors.New("outbox relay: already running")
 	}
 	defer r.running.Store(false)
+
+	// The backlog is reported while this relay runs: a stopped relay's
+	// gauges would go on saying the outbox drains.
+	stopGauges, err := r.backlog.register()
+	if err != nil {
+		return fmt.Errorf("outbox relay: %w", err)
+	}
+	defer stopGauges()
 
 	var wg sync.WaitGroup
 	defer wg.Wait()

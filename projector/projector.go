@@ -18,12 +18,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/IBM/sarama"
 	"log/slog"
 	"sync/atomic"
 	"time"
 
-	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -164,32 +163,15 @@ func (p *Projector) Run(ctx context.Context) error {
 	if !p.started.CompareAndSwap(false, true) {
 		return errors.New("projector: Run called twice")
 	}
-	sub, err := kafka.NewSubscriber(p.cfg.Kafka, p.cfg.Group, p.cfg.Logger)
+	consumer, err := kafka.NewBatchConsumer(p.cfg.Kafka, p.cfg.Group, p.cfg.Kafka.Topic(events.TopicOutcomes),
+		p.cfg.MaxBatch, p.handleBatch, p.cfg.Logger)
 	if err != nil {
 		return fmt.Errorf("projector: %w", err)
 	}
-	defer func() {
-		if err := sub.Close(); err != nil {
-			p.log.WarnContext(ctx, "projector: closing the subscriber", "error", err)
-		}
-	}()
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: p.cfg.FlushTimeout + 5*time.Second},
-		kafka.WatermillLogger(p.cfg.Logger))
-	if err != nil {
-		return fmt.Errorf("projector: %w", err)
-	}
-	// Run closes the router when ctx ends; this covers the paths where it
-	// returns early (a failed subscribe) and leaves its watchers running.
-	defer func() { _ = router.Close() }()
-	// No retry middleware: a failed commit nacks, and watermill-kafka
-	// redelivers after its resend sleep. Only that partition waits, and only
-	// for an error that may pass (the database is unreachable); events that
-	// can never apply are acked by the handler.
-	router.AddConsumerHandler("projector", p.cfg.Kafka.Topic(events.TopicOutcomes), sub, p.handle)
 
-	// The batcher outlives the router: handlers still running when ctx ends
-	// get their commit answered instead of an error, and it stops once the
-	// router has waited for all of them.
+	// The batcher outlives the consumer: handlers still running when ctx
+	// ends get their commit answered instead of an error, and it stops once
+	// the consumer has waited for all of them.
 	bctx, stopBatcher := context.WithCancel(context.WithoutCancel(ctx))
 	batcherDone := make(chan struct{})
 	go func() {
@@ -202,7 +184,7 @@ func (p *Projector) Run(ctx context.Context) error {
 	}()
 
 	p.log.InfoContext(ctx, "projector: consuming", "topic", p.cfg.Kafka.Topic(events.TopicOutcomes), "group", p.cfg.Group)
-	if err := router.Run(ctx); err != nil {
+	if err := consumer.Run(ctx); err != nil {
 		return fmt.Errorf("projector: %w", err)
 	}
 	if ctx.Err() == nil {
@@ -211,18 +193,36 @@ func (p *Projector) Run(ctx context.Context) error {
 	return nil
 }
 
-// handle projects one message. Returning nil acks it; returning an error
-// nacks it for redelivery, which only a commit that failed may do.
-func (p *Projector) handle(msg *message.Message) error {
-	ctx := kafka.ContextWithTraceparent(msg.Context(), kafka.TraceparentOf(msg))
-	env, err := events.Decode(msg.Payload)
+// handleBatch projects the messages of one partition that were fetched
+// together. They join the batcher's group commit together, so a partition
+// is not a serial queue of commits. A nil return commits their offsets; an
+// error (nothing was committed for some event) has the whole batch handed
+// over again, which is harmless: events at or below a row's seq are skipped.
+func (p *Projector) handleBatch(ctx context.Context, msgs []*sarama.ConsumerMessage) error {
+	errs := make(chan error, len(msgs))
+	for _, m := range msgs {
+		go func() { errs <- p.handle(ctx, m) }()
+	}
+	var first error
+	for range msgs {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// handle projects one message. Returning nil lets its offset be committed;
+// returning an error has it redelivered, which only a commit that failed
+// may do.
+func (p *Projector) handle(ctx context.Context, msg *sarama.ConsumerMessage) error {
+	ctx = kafka.ContextWithTraceparent(ctx, kafka.HeaderValue(msg.Headers, kafka.HeaderTraceparent))
+	env, err := events.Decode(msg.Value)
 	if err != nil {
 		// Never the payload: it may hold tool arguments or results. The
 		// partition and offset find the message for whoever investigates.
-		partition, _ := wmkafka.MessagePartitionFromCtx(msg.Context())
-		offset, _ := wmkafka.MessagePartitionOffsetFromCtx(msg.Context())
 		p.log.WarnContext(ctx, "projector: dropped a malformed message",
-			"partition", partition, "offset", offset, "bytes", len(msg.Payload), "error", err)
+			"partition", msg.Partition, "offset", msg.Offset, "bytes", len(msg.Value), "error", err)
 		p.metrics.count(ctx, OutcomeMalformed, 1)
 		return nil
 	}

@@ -18,6 +18,15 @@ import (
 // reconciler is stopping before the operation was handed over.
 func (r *Reconciler) handleOutcome(msg *message.Message) error {
 	ctx := msg.Context()
+	// Most outcome events need no answer; the CloudEvents type header says
+	// so without decoding the payload. A message without it is decoded.
+	switch t := events.Type(msg.Metadata.Get(kafka.HeaderType)); t {
+	case "", events.AttemptUnknown, events.CompensationFailed:
+	default:
+		if t.Valid() {
+			return nil
+		}
+	}
 	env, err := events.Decode(msg.Payload)
 	if err != nil {
 		// A malformed message never becomes valid: count it, log it without

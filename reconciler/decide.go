@@ -127,6 +127,10 @@ func Decide(ctx context.Context, st *store.Store, key string, action events.Acti
 	if err != nil {
 		return events.Operation{}, err
 	}
+	settled, err := newOperationDuration(o.mp.Meter(instrumentation))
+	if err != nil {
+		return events.Operation{}, err
+	}
 
 	if tp, err := st.Traceparent(ctx, key); err == nil {
 		ctx = kafka.ContextWithTraceparent(ctx, tp)
@@ -178,6 +182,7 @@ func Decide(ctx context.Context, st *store.Store, key string, action events.Acti
 			return op, retErr
 		}
 		decisions.Add(ctx, 1, metric.WithAttributes(attribute.String("tool", op.Tool), attribute.String("action", string(action))))
+		recordSettled(ctx, settled, next)
 		return next, nil
 	}
 	retErr = fmt.Errorf("recording the decision on %s: lost the append race too many times", key)

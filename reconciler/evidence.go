@@ -38,12 +38,13 @@ func requestEvidence(op events.Operation, spec *tool.Spec) json.RawMessage {
 }
 
 // downstreamEvidence is what the downstream showed when asked. Its body is
-// redacted like the args: a downstream's record of an effect often echoes
-// the request that made it.
+// redacted like the args, and so are the args' sensitive values wherever it
+// echoes them: a downstream's record of an effect often echoes the request
+// that made it.
 func downstreamEvidence(op events.Operation, spec *tool.Spec, ans tool.Reconciliation, asks int) json.RawMessage {
 	var body json.RawMessage
 	if len(ans.Body) > 0 {
-		body = redactor(spec).Redact(validJSON(ans.Body))
+		body = downstreamBody(op, spec, ans.Body)
 	}
 	var errText string
 	if ans.Err != nil {
@@ -58,6 +59,14 @@ func downstreamEvidence(op events.Operation, spec *tool.Spec, ans tool.Reconcili
 		Body         json.RawMessage `json:"body,omitempty"`
 	}{ans.Answer, asks, ans.DownstreamID, ans.ErrorClass, errText, body})
 	return b
+}
+
+// downstreamBody is a downstream's answer as it may be journaled: as
+// evidence, and as the result of an operation found done. Raw args never
+// leave the intent event, and an answer that echoes them must not carry
+// them into the record the API and the approval UI serve.
+func downstreamBody(op events.Operation, spec *tool.Spec, body []byte) json.RawMessage {
+	return redactor(spec).RedactEcho(validJSON(op.Args), validJSON(body))
 }
 
 // queryString matches the query of a URL quoted in an error message. A

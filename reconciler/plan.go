@@ -110,6 +110,7 @@ func plan(op events.Operation, spec *tool.Spec, ans tool.Reconciliation, asks, m
 func planAttempt(op events.Operation, spec *tool.Spec, ans tool.Reconciliation, asks int, now time.Time) verdict {
 	switch ans.Answer {
 	case tool.Found:
+		ans.Body = downstreamBody(op, spec, ans.Body)
 		return verdict{rule: "found: record success", specs: []eventSpec{resolved(op, ans, true, nil)}}
 	case tool.Absent:
 		if retryAllowed(op, spec, now) {

@@ -138,6 +138,7 @@ func (r *Reconciler) reconcileJob(ctx context.Context, key, traceparent string, 
 			endSpan(escSpan, err)
 		}
 		if err == nil {
+			recordSettled(ctx, r.tel.e2e, next)
 			r.log.InfoContext(ctx, "operation reconciled", "operation_key", op.Key, "tool", op.Tool,
 				"answer", ans.Answer, "rule", v.rule, "status", next.Status)
 			if v.escalation != nil {

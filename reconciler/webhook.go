@@ -123,6 +123,10 @@ type WebhookResult struct {
 	// Ignored says why a delivery changed nothing ("unknown_operation",
 	// "already_completed", "not_pending", "superseded_key", ...).
 	Ignored string
+
+	// settled is the operation after an applied callback, for the
+	// end-to-end latency once the transaction has committed.
+	settled events.Operation
 }
 
 // callback is the body a tool posts (DESIGN §7). Fields beyond these are
@@ -203,6 +207,7 @@ func (w *Webhooks) Handle(ctx context.Context, source string, headers http.Heade
 	case res.Applied:
 		w.store.NotifyAppended()
 		w.count(ctx, source, "applied")
+		recordSettled(ctx, w.tel.e2e, res.settled)
 	default:
 		w.count(ctx, source, "ignored")
 	}
@@ -339,6 +344,7 @@ func (w *Webhooks) apply(ctx context.Context, tx pgx.Tx, source string, t tool.T
 			Base: op, Events: evs, Traceparent: kafka.TraceparentFrom(opCtx), TopicPrefix: w.cfg.TopicPrefix,
 		})
 		res.Status = next.Status
+		res.settled = next
 	}
 	endSpan(span, err)
 	if err != nil {

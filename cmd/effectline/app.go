@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/executor"
 	"github.com/effectline/effectline/internal/httpapi"
 	"github.com/effectline/effectline/internal/kafka"
@@ -39,6 +40,9 @@ type app struct {
 	kafka     kafka.Config
 	// open is dev mode without tokens: every request is the principal dev.
 	open bool
+	// apiDrain is the API's httpapi.Config.ShutdownDelay (see
+	// apiShutdownDelay).
+	apiDrain time.Duration
 
 	api    *httpapi.Server
 	health *http.Server
@@ -76,7 +80,18 @@ type appOptions struct {
 	tools      *tool.Registry // overrides cfg.ToolsFile (dev --demo)
 	open       bool
 	service    string
+	// apiDrain: see apiShutdownDelay. Zero under dev, which nothing
+	// balances traffic to, so Ctrl-C exits at once.
+	apiDrain time.Duration
 }
+
+// apiShutdownDelay is how long `run` keeps the API serving after SIGTERM
+// with /readyz already answering 503, so that Kubernetes endpoints and load
+// balancers stop routing to the instance before its listener closes;
+// without it, requests in that window meet a refused connection. It runs
+// alongside the executor's drain and is capped by EFFECTLINE_SHUTDOWN_GRACE,
+// the operator's bound on how long a shutdown may take.
+const apiShutdownDelay = 2 * time.Second
 
 func newApp(ctx context.Context, o appOptions) (*app, error) {
 	tel, err := telemetry.Setup(ctx, telemetry.Config{
@@ -86,7 +101,7 @@ func newApp(ctx context.Context, o appOptions) (*app, error) {
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
-	a := &app{cfg: o.cfg, tel: tel, log: tel.Logger(), open: o.open}
+	a := &app{cfg: o.cfg, tel: tel, log: tel.Logger(), open: o.open, apiDrain: o.apiDrain}
 	a.pool, err = connectDatabase(ctx, o.cfg.DatabaseURL)
 	if err != nil {
 		_ = tel.Shutdown(context.WithoutCancel(ctx))
@@ -160,7 +175,7 @@ func (a *app) build(names []string) ([]component, error) {
 			if err != nil {
 				return nil, err
 			}
-			relay := outbox.NewRelay(a.store, producer, outbox.RelayConfig{Logger: a.log, TracerProvider: tp})
+			relay := outbox.NewRelay(a.store, producer, outbox.RelayConfig{Logger: a.log, TracerProvider: tp, MeterProvider: mp})
 			out = append(out, component{name, func(ctx context.Context) error {
 				defer producer.Close()
 				return relay.Run(ctx)
@@ -201,7 +216,33 @@ func (a *app) build(names []string) ([]component, error) {
 			out = append(out, component{name, api.Run})
 		}
 	}
+	if groups := consumerGroups(a.kafka, names); len(groups) > 0 {
+		lag, err := kafka.NewLagMonitor(a.kafka, groups, kafka.LagConfig{MeterProvider: mp, Logger: a.log})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, component{"consumer_lag", lag.Run})
+	}
 	return out, nil
+}
+
+// consumerGroups are the Kafka consumer groups of the named components,
+// whose lag the process reports (DESIGN §8). Each process reports the
+// groups it runs; replicas of a group report the same figure, which the
+// broker holds.
+func consumerGroups(k kafka.Config, names []string) []kafka.GroupTopic {
+	var out []kafka.GroupTopic
+	for _, name := range names {
+		switch name {
+		case componentExecutor:
+			out = append(out, kafka.GroupTopic{Group: executor.Config{}.WithDefaults().Group, Topic: k.Topic(events.TopicIntents)})
+		case componentProjector:
+			out = append(out, kafka.GroupTopic{Group: projector.DefaultGroup, Topic: k.Topic(events.TopicOutcomes)})
+		case componentReconciler:
+			out = append(out, kafka.GroupTopic{Group: reconciler.Config{}.WithDefaults().Group, Topic: k.Topic(events.TopicOutcomes)})
+		}
+	}
+	return out
 }
 
 func (a *app) buildAPI() (*httpapi.Server, error) {
@@ -222,6 +263,8 @@ func (a *app) buildAPI() (*httpapi.Server, error) {
 		Addr: a.cfg.HTTPAddr, Tokens: tokens, Approvers: approvers,
 		Open: a.open || (a.cfg.InsecureOpen && len(tokens) == 0), TopicPrefix: a.kafka.TopicPrefix,
 		Logger: a.log, TracerProvider: a.tel.TracerProvider(), MeterProvider: a.tel.MeterProvider(),
+		// /readyz answers 503 during the delay, so traffic drains first.
+		ShutdownDelay: a.apiDrain,
 	}, httpapi.Deps{
 		Store:      a.store,
 		Committer:  a.committer,
@@ -249,7 +292,7 @@ func (a *app) runAll(ctx context.Context, comps []component) error {
 	committerDone := make(chan error, 1)
 	go func() { committerDone <- a.committer.Run(commitCtx) }()
 
-	if a.api == nil && a.cfg.HTTPAddr != "" && a.healthServer() != nil {
+	if a.api == nil && a.cfg.HTTPAddrSet && a.healthServer() != nil {
 		comps = append(comps, component{"health", a.serveHealth})
 	}
 
@@ -346,7 +389,8 @@ func runComponents(ctx context.Context, args []string, getenv func(string) strin
 	if contains(names, componentAPI) && cfg.APITokens == "" && !cfg.InsecureOpen {
 		return httpapi.ErrNoTokens
 	}
-	a, err := newApp(ctx, appOptions{cfg: cfg, stdout: stdout, getenv: getenv, components: names, service: "effectline"})
+	a, err := newApp(ctx, appOptions{cfg: cfg, stdout: stdout, getenv: getenv, components: names, service: "effectline",
+		apiDrain: min(apiShutdownDelay, cfg.ShutdownGrace)})
 	if err != nil {
 		return err
 	}

@@ -56,10 +56,14 @@ var Components = []string{componentRelay, componentExecutor, componentProjector,
 
 // config is the process configuration, read from the environment and flags.
 type config struct {
-	DatabaseURL   string
-	KafkaBrokers  []string
-	ToolsFile     string
-	HTTPAddr      string
+	DatabaseURL  string
+	KafkaBrokers []string
+	ToolsFile    string
+	HTTPAddr     string
+	// HTTPAddrSet says EFFECTLINE_HTTP_ADDR was given: a process without
+	// the API serves its health endpoints only then, so several such
+	// processes on one host do not fight over the default port.
+	HTTPAddrSet   bool
 	APITokens     string
 	Approvers     []string
 	TopicPrefix   string
@@ -85,6 +89,7 @@ func configFromEnv(getenv func(string) string) (config, error) {
 	if c.DatabaseURL == "" {
 		c.DatabaseURL = defaultDatabaseURL
 	}
+	c.HTTPAddrSet = c.HTTPAddr != ""
 	if c.HTTPAddr == "" {
 		c.HTTPAddr = defaultHTTPAddr
 	}

@@ -209,6 +209,7 @@ func newWorld(t *testing.T, fakeOpts ...testenv.FakeOption) *world {
 		envKafkaBrokers:                  strings.Join(w.broker.Addrs, ","),
 		envTools:                         tools,
 		envKafkaPartitions:               "3",
+		envHTTPAddr:                      "127.0.0.1:0", // every process its own port: they run side by side
 		envExecutorLease:                 "2s",
 		envSweepInterval:                 "200ms",
 		envShutdownGrace:                 "3s",

@@ -191,9 +191,11 @@ func describe(e events.Envelope) (what, why string) {
 		}
 		return fmt.Sprintf("attempt %d succeeded", e.Attempt), why
 	case *events.AttemptFailedData:
+		// The delay is measured from the event, not from now: a resumed
+		// demo replays old events, and "retry in -3.7s" would say nothing.
 		if d.RetryAt != nil {
 			return fmt.Sprintf("attempt %d failed", e.Attempt),
-				fmt.Sprintf("%s, nothing happened: retry in %.1fs (Retry-After honored within the caps)", d.ErrorClass, time.Until(*d.RetryAt).Seconds())
+				fmt.Sprintf("%s, nothing happened: retry in %.1fs (Retry-After honored within the caps)", d.ErrorClass, d.RetryAt.Sub(e.OccurredAt).Seconds())
 		}
 		return fmt.Sprintf("attempt %d failed", e.Attempt), d.ErrorClass + ": final, no retry"
 	case *events.AttemptUnknownData:

@@ -110,3 +110,13 @@ func TraceparentFrom(ctx context.Context) string {
 	propagation.TraceContext{}.Inject(ctx, c)
 	return c[HeaderTraceparent]
 }
+
+// HeaderValue returns the value of the first header named key, or "".
+func HeaderValue(headers []*sarama.RecordHeader, key string) string {
+	for _, h := range headers {
+		if h != nil && string(h.Key) == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}

@@ -3,7 +3,9 @@ package tool
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"regexp"
+	"sort"
 	"strings"
 )
 
@@ -88,4 +90,127 @@ func markedSensitive(schema any) bool {
 		}
 	}
 	return false
+}
+
+// minEchoLen is the shortest sensitive value RedactEcho looks for: shorter
+// ones ("1", "EUR") would redact innocent values that merely look alike.
+const minEchoLen = 4
+
+// RedactEcho returns body, a downstream's answer about an effect (its
+// record of a charge, a reservation), as Redact would return args, and with
+// the values of args' sensitive fields replaced wherever they appear in it.
+// A downstream's record often echoes the request that made it, under names
+// of its own ("source": {"number": ...}) or nested where the args schema
+// does not reach, which neither the names nor the schema's marks catch;
+// the values themselves do. A string that contains a sensitive value has
+// that part replaced. Bodies that are not JSON are replaced whole.
+func (s *Spec) RedactEcho(args, body json.RawMessage) json.RawMessage {
+	red := s.Redact(body)
+	values := s.sensitiveValues(args)
+	if len(values) == 0 || len(bytes.TrimSpace(red)) == 0 {
+		return red
+	}
+	dec := json.NewDecoder(bytes.NewReader(red))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return json.RawMessage(`"` + Redacted + `"`)
+	}
+	v = replaceValues(v, values)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return json.RawMessage(`"` + Redacted + `"`)
+	}
+	return json.RawMessage(bytes.TrimRight(buf.Bytes(), "\n"))
+}
+
+// sensitiveValues returns the string and number values (as written) under
+// the sensitive fields of args, longest first, so a value that contains
+// another is replaced whole.
+func (s *Spec) sensitiveValues(args json.RawMessage) []string {
+	if len(bytes.TrimSpace(args)) == 0 {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(args))
+	dec.UseNumber()
+	var v any
+	if dec.Decode(&v) != nil {
+		return nil
+	}
+	doc := s.schemaDoc
+	if doc == nil && len(s.ArgsSchema) > 0 {
+		sd := json.NewDecoder(bytes.NewReader(s.ArgsSchema))
+		sd.UseNumber()
+		_ = sd.Decode(&doc)
+	}
+	seen := map[string]bool{}
+	var out []string
+	var collect func(v, schema any, sensitive bool)
+	collect = func(v, schema any, sensitive bool) {
+		sch, _ := schema.(map[string]any)
+		switch t := v.(type) {
+		case map[string]any:
+			props, _ := sch["properties"].(map[string]any)
+			for k, val := range t {
+				sub := props[k]
+				collect(val, sub, sensitive || sensitiveName.MatchString(k) || markedSensitive(sub))
+			}
+		case []any:
+			for _, e := range t {
+				collect(e, sch["items"], sensitive)
+			}
+		case string, json.Number:
+			str := fmt.Sprint(t)
+			if sensitive && len(str) >= minEchoLen && !seen[str] {
+				seen[str] = true
+				out = append(out, str)
+			}
+		}
+	}
+	collect(v, doc, false)
+	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out
+}
+
+// replaceValues replaces, in a decoded JSON document, every string or
+// number equal to one of values, and every occurrence of one inside a
+// string (object keys included).
+func replaceValues(v any, values []string) any {
+	scrub := func(s string) (string, bool) {
+		changed := false
+		for _, val := range values {
+			if s == val {
+				return Redacted, true
+			}
+			if strings.Contains(s, val) {
+				s, changed = strings.ReplaceAll(s, val, Redacted), true
+			}
+		}
+		return s, changed
+	}
+	switch t := v.(type) {
+	case map[string]any:
+		out := make(map[string]any, len(t))
+		for k, val := range t {
+			k, _ = scrub(k)
+			out[k] = replaceValues(val, values)
+		}
+		return out
+	case []any:
+		for i, e := range t {
+			t[i] = replaceValues(e, values)
+		}
+		return t
+	case string:
+		s, _ := scrub(t)
+		return s
+	case json.Number:
+		if s, changed := scrub(t.String()); changed {
+			return s
+		}
+		return t
+	}
+	return v
 }

@@ -1,0 +1,1167 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/store"
+	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/outbox"
+)
+
+// The fault suite runs the real binary against a dependency that misbehaves
+// mid-run (the broker restarts, PostgreSQL drops every connection, the
+// downstream stalls, a proxy cuts connections, Kafka delivers every intent
+// twice or replays the topic from offset 0) and reports, per test, the
+// figures of the crash matrix: duplicate effects, lost operations and wrong
+// final states. Target: all zero.
+//
+// Duplicate effects count standing effects beyond one per operation; the
+// fake downstream honors idempotency keys, so this holds for the idempotent
+// class too. An operation is lost when it is not settled by the deadline:
+// every operation must end completed, or escalated where its class requires
+// it (an irreversible effect whose request provably did nothing). A final
+// state is wrong when it is not the one the class and the fault call for,
+// or when the read model (operation_state) does not converge to the event
+// store's record.
+
+// faultComponents is what the fault tests run: everything but the API.
+const faultComponents = "relay,executor,projector,reconciler"
+
+// settleTimeout bounds how long a fault test waits for every operation to
+// settle after the last fault; it covers sarama's reconnect backoff and
+// circuit breaker, the poller's pickup grace and a session timeout.
+const settleTimeout = 100 * time.Second
+
+// faultOp is one operation a fault test drives.
+type faultOp struct {
+	key   string
+	tool  string
+	class events.EffectClass
+}
+
+// faultOps returns n operations spread round-robin over the three tools of
+// e2eTools, one class each.
+func faultOps(prefix string, n int) []faultOp {
+	ops := make([]faultOp, n)
+	for i := range ops {
+		c := crashClasses[i%len(crashClasses)]
+		ops[i] = faultOp{key: fmt.Sprintf("%s/%03d/%s", prefix, i, c.class), tool: c.tool, class: c.class}
+	}
+	return ops
+}
+
+func (o faultOp) intent(i int) outbox.Intent {
+	return outbox.Intent{OperationKey: o.key, Tool: o.tool, EffectClass: o.class,
+		Args: json.RawMessage(fmt.Sprintf(`{"amount":%d}`, 100+i)), Principal: "fault-test"}
+}
+
+// faultWorldOptions shape a world for a fault test.
+type faultWorldOptions struct {
+	// brokers replaces the world's embedded broker (a restartable one, or
+	// one behind a proxy). Default: testenv.NewBroker with brokerOpts.
+	brokers    []string
+	brokerOpts []testenv.BrokerOption
+	// dbVia rewrites the database URL the binary uses (through a proxy);
+	// the test itself always talks to the database directly.
+	dbVia func(direct string) string
+	// fake is the downstream; default a new FakeTool with fakeOpts.
+	fake     *testenv.FakeTool
+	fakeOpts []testenv.FakeOption
+	// toolURL is the base URL the tools file points at; default fake.URL.
+	toolURL string
+	// tools is the tools file template (URL is replaced); default e2eTools.
+	tools string
+}
+
+// newFaultWorld is newWorld with the dependencies the test controls.
+func newFaultWorld(t *testing.T, o faultWorldOptions) *world {
+	t.Helper()
+	w := &world{db: testenv.NewDatabase(t), fake: o.fake}
+	if w.fake == nil {
+		w.fake = testenv.NewFakeTool(t, o.fakeOpts...)
+	}
+	brokers := o.brokers
+	if brokers == nil {
+		w.broker = testenv.NewBroker(t, o.brokerOpts...)
+		brokers = w.broker.Addrs
+	} else {
+		w.broker = &testenv.Broker{Addrs: brokers}
+	}
+	toolURL, tmpl := o.toolURL, o.tools
+	if toolURL == "" {
+		toolURL = w.fake.URL
+	}
+	if tmpl == "" {
+		tmpl = e2eTools
+	}
+	dbURL := w.db
+	if o.dbVia != nil {
+		dbURL = o.dbVia(w.db)
+	}
+	tools := filepath.Join(t.TempDir(), "tools.yaml")
+	if err := os.WriteFile(tools, []byte(strings.ReplaceAll(tmpl, "URL", toolURL)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w.env = map[string]string{
+		envDatabaseURL:     dbURL,
+		envKafkaBrokers:    strings.Join(brokers, ","),
+		envTools:           tools,
+		envKafkaPartitions: "3",
+		envExecutorLease:   "2s",
+		envSweepInterval:   "200ms",
+		envShutdownGrace:   "3s",
+		envLogLevel:        "info",
+		// Not the default 127.0.0.1:8080: processes of parallel tests
+		// would fight over it for their health endpoint.
+		envHTTPAddr:                      "127.0.0.1:0",
+		"EFFECTLINE_TEST_CONTEXT_MARKER": t.Name(),
+	}
+	migrate := start(t, "migrate", w.env, "migrate")
+	if err := migrate.wait(60 * time.Second); err != nil {
+		t.Fatalf("migrate: %v\n%s", err, migrate.output())
+	}
+	return w
+}
+
+var runningLine = regexp.MustCompile(`effectline running`)
+
+// startPipeline starts the binary with the fault suite's components and
+// waits until it says it runs.
+func startPipeline(t *testing.T, w *world, name string) *proc {
+	t.Helper()
+	p := start(t, name, w.env, "run", "--components", faultComponents)
+	p.waitLine(runningLine, 60*time.Second)
+	return p
+}
+
+// feed appends the intents of ops with outbox.Append, one transaction each,
+// every `every`, retrying each until it commits: under a database fault a
+// commit may fail or its answer be lost, and Append of the same intent
+// again is a no-op, which is exactly what an agent service would do.
+func feed(ctx context.Context, t *testing.T, pool *pgxpool.Pool, ops []faultOp, every time.Duration) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i, op := range ops {
+			backoff := 50 * time.Millisecond
+			for {
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					_, err := outbox.Append(ctx, tx, op.intent(i))
+					return err
+				})
+				if err == nil {
+					break
+				}
+				if ctx.Err() != nil {
+					t.Errorf("appending %s: %v", op.key, err)
+					return
+				}
+				time.Sleep(backoff)
+				backoff = min(2*backoff, time.Second)
+			}
+			if every > 0 {
+				time.Sleep(every)
+			}
+		}
+	}()
+	return done
+}
+
+// settled reports whether nothing more happens to an operation without a
+// human: a terminal status, or escalated.
+func settled(s events.Status) bool { return s.Terminal() || s == events.StatusEscalated }
+
+// waitSettled waits until every operation is settled, or ctx ends, and
+// returns the records last seen. Load errors (the database may be down) are
+// retried.
+func waitSettled(ctx context.Context, st *store.Store, ops []faultOp) map[string]events.Operation {
+	keys := make([]string, len(ops))
+	for i, op := range ops {
+		keys[i] = op.key
+	}
+	var last map[string]events.Operation
+	waitForSoft(ctx, func() bool {
+		got, err := st.LoadMany(ctx, keys)
+		if err != nil {
+			return false
+		}
+		last = got
+		for _, k := range keys {
+			if op, ok := got[k]; !ok || !settled(op.Status) {
+				return false
+			}
+		}
+		return true
+	})
+	return last
+}
+
+// faultFigures is one fault test's line of figures.
+type faultFigures struct {
+	test                string
+	ops                 int
+	duplicates, lost    int
+	wrongState          int
+	retriedIrreversible int
+	readModel           int // operations whose read model did not converge
+	applied, released   int
+	invokes             int
+	states              map[events.Status]int
+	notes               []string
+}
+
+func (f *faultFigures) note(format string, args ...any) {
+	f.notes = append(f.notes, fmt.Sprintf(format, args...))
+}
+
+func (f *faultFigures) bad() int {
+	return f.duplicates + f.lost + f.wrongState + f.retriedIrreversible + f.readModel
+}
+
+// report logs the figures as a small table and fails the test unless every
+// bad figure is zero.
+func (f *faultFigures) report(t *testing.T) {
+	t.Helper()
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "\n%s\n", f.test)
+	fmt.Fprintf(&sb, "%5s %6s %5s %6s %9s %9s %7s %8s %8s  %s\n",
+		"ops", "dups", "lost", "wrong", "irrev.re", "readmodel", "applied", "released", "invokes", "final states")
+	fmt.Fprintf(&sb, "%5d %6d %5d %6d %9d %9d %7d %8d %8d  %v\n", f.ops, f.duplicates, f.lost, f.wrongState,
+		f.retriedIrreversible, f.readModel, f.applied, f.released, f.invokes, f.states)
+	for _, n := range f.notes {
+		fmt.Fprintf(&sb, "  %s\n", n)
+	}
+	t.Log(sb.String())
+	if f.bad() != 0 {
+		t.Errorf("%s: %d bad figures%s", f.test, f.bad(), sb.String())
+	}
+}
+
+// expectation says which final states an operation may end in. The default
+// (nil) is: completed, or escalated for an irreversible effect that provably
+// did not happen (its request was cut before it reached the downstream).
+type expectation func(op faultOp, rec events.Operation) (ok bool, why string)
+
+func completedOrAbsentIrreversible(op faultOp, rec events.Operation) (bool, string) {
+	switch {
+	case rec.Status == events.StatusCompleted:
+		return true, ""
+	case rec.Status == events.StatusEscalated && op.class == events.Irreversible:
+		if rec.Escalation == nil || rec.Escalation.Reason != "absent_downstream" {
+			return false, "escalated for another reason than an absent effect"
+		}
+		return true, ""
+	}
+	return false, "want completed (or escalated, irreversible and absent)"
+}
+
+// judge computes the figures of a run from the records, the downstream's
+// log and the read model. recs are the records waitSettled returned.
+func judge(ctx context.Context, t *testing.T, f *faultFigures, w *world, pool *pgxpool.Pool, ops []faultOp,
+	recs map[string]events.Operation, expect expectation) {
+	t.Helper()
+	if expect == nil {
+		expect = completedOrAbsentIrreversible
+	}
+	f.ops = len(ops)
+	f.states = map[events.Status]int{}
+	effects := w.fake.EffectLog()
+	reqs := w.fake.RequestLog()
+	f.applied = len(effects)
+	for _, e := range effects {
+		if e.Released {
+			f.released++
+		}
+	}
+	for _, op := range ops {
+		live := liveEffects(effects, op.key)
+		invokes := 0
+		for _, r := range reqs {
+			if r.Route == testenv.RouteInvoke && ofOperation(r.IdempotencyKey, op.key) {
+				invokes++
+			}
+		}
+		f.invokes += invokes
+		rec, ok := recs[op.key]
+		if !ok {
+			f.lost++
+			t.Errorf("%s: never journaled", op.key)
+			continue
+		}
+		f.states[rec.Status]++
+		if !settled(rec.Status) || rec.Status == events.StatusEscalated && op.class != events.Irreversible {
+			// Escalated idempotent or compensable operations count as
+			// lost: nothing called for a human.
+			f.lost++
+			t.Errorf("%s: not settled: %s (phase %s, attempt %d, last error %s)", op.key, rec.Status, rec.Phase, rec.Attempt, rec.LastErrorClass)
+			continue
+		}
+		if live > 1 {
+			f.duplicates += live - 1
+			t.Errorf("%s: %d standing effects", op.key, live)
+		}
+		if good, why := expect(op, rec); !good {
+			f.wrongState++
+			t.Errorf("%s: final state %s: %s", op.key, rec.Status, why)
+		} else if rec.Status == events.StatusCompleted && live == 0 {
+			f.wrongState++
+			t.Errorf("%s: completed with no standing effect", op.key)
+		} else if rec.Status == events.StatusEscalated && live != 0 {
+			f.wrongState++
+			t.Errorf("%s: escalated while the downstream shows the effect", op.key)
+		}
+		if op.class == events.Irreversible && invokes > 1 {
+			f.retriedIrreversible++
+			t.Errorf("%s: an irreversible effect was sent %d times", op.key, invokes)
+		}
+	}
+	f.readModel = readModelLag(ctx, t, pool, ops)
+}
+
+// liveEffects counts the unreleased effects of operation key under any of
+// its downstream keys (key, key~c1, key~c2 ...).
+func liveEffects(effects []testenv.Effect, key string) int {
+	n := 0
+	for _, e := range effects {
+		if !e.Released && ofOperation(e.IdempotencyKey, key) {
+			n++
+		}
+	}
+	return n
+}
+
+// ofOperation reports whether downstream key dk belongs to operation key.
+func ofOperation(dk, key string) bool {
+	if dk == key {
+		return true
+	}
+	rest, ok := strings.CutPrefix(dk, key+"~c")
+	if !ok {
+		return false
+	}
+	_, err := strconv.Atoi(rest)
+	return err == nil
+}
+
+// readModelLag waits (briefly) for operation_state to hold every
+// operation's record at the event store's seq and status, and returns how
+// many never got there.
+func readModelLag(ctx context.Context, t *testing.T, pool *pgxpool.Pool, ops []faultOp) int {
+	t.Helper()
+	keys := make([]string, len(ops))
+	for i, op := range ops {
+		keys[i] = op.key
+	}
+	const q = `SELECT o.operation_key
+		FROM operations o LEFT JOIN operation_state s USING (operation_key)
+		WHERE o.operation_key = ANY($1)
+		  AND (s.operation_key IS NULL OR s.last_seq <> o.seq OR s.status <> o.status)`
+	var behind []string
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	converged := waitForSoft(wctx, func() bool {
+		rows, err := pool.Query(wctx, q, keys)
+		if err != nil {
+			return false
+		}
+		behind, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err == nil && len(behind) == 0
+	})
+	if converged {
+		return 0
+	}
+	t.Errorf("operation_state did not converge for %d operations: %v", len(behind), behind)
+	return len(behind)
+}
+
+// freePort returns a loopback port nothing listens on at the moment.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func listenLoopback(network, address string) (net.Listener, error) {
+	_, port, err := net.SplitHostPort(address)
+	if err != nil {
+		return nil, err
+	}
+	return net.Listen(network, net.JoinHostPort("127.0.0.1", port))
+}
+
+// restartableBroker is a kfake cluster that persists to a directory and
+// listens on a fixed port, so it can be stopped and started again as the
+// same broker: what a Kafka restart looks like to clients.
+type restartableBroker struct {
+	t    *testing.T
+	port int
+	dir  string
+	mu   sync.Mutex
+	c    *kfake.Cluster
+}
+
+func newRestartableBroker(t *testing.T) *restartableBroker {
+	t.Helper()
+	b := &restartableBroker{t: t, port: freePort(t), dir: t.TempDir()}
+	b.start()
+	t.Cleanup(b.stop)
+	return b
+}
+
+func (b *restartableBroker) addr() string { return "127.0.0.1:" + strconv.Itoa(b.port) }
+
+func (b *restartableBroker) start() {
+	b.t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var err error
+	for range 100 { // the old listener's port may take a moment to free
+		b.c, err = kfake.NewCluster(kfake.Ports(b.port), kfake.DataDir(b.dir), kfake.ListenFn(listenLoopback))
+		if err == nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	b.t.Fatalf("starting the broker on %d: %v", b.port, err)
+}
+
+func (b *restartableBroker) stop() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.c != nil {
+		b.c.Close()
+		b.c = nil
+	}
+}
+
+// TestFaultBrokerRestart stops the broker mid-run for 5s and starts it
+// again on the same port and data directory. Intents appended while it is
+// down wait in the outbox (or are run by the executor's poller after its
+// pickup grace); outcomes wait in the event store; the consumers rejoin.
+func TestFaultBrokerRestart(t *testing.T) {
+	t.Parallel()
+	b := newRestartableBroker(t)
+	w := newFaultWorld(t, faultWorldOptions{brokers: []string{b.addr()}})
+	pool := testenv.NewPool(t, w.db)
+	st := store.New(pool)
+	ctx := untilCtx(t, 3*time.Minute)
+	f := &faultFigures{test: "broker restart (kfake stopped 5s mid-run, restarted on the same port and data dir)"}
+
+	p := startPipeline(t, w, "effectline")
+	ops := faultOps("broker", 45)
+	fed := feed(ctx, t, pool, ops, 100*time.Millisecond)
+
+	waitFor(t, ctx, "a third of the operations to complete", func() bool { return completedCount(ctx, st, ops) >= len(ops)/3 })
+	down := time.Now()
+	b.stop()
+	f.note("broker stopped with %d of %d operations completed", completedCount(ctx, st, ops), len(ops))
+	time.Sleep(5 * time.Second)
+	b.start()
+	f.note("broker restarted after %s", time.Since(down).Round(100*time.Millisecond))
+	<-fed
+
+	sctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	recs := waitSettled(sctx, st, ops)
+	f.note("every operation settled %s after the broker went down", time.Since(down).Round(100*time.Millisecond))
+	time.Sleep(time.Second) // give a wrong retry the time to happen
+	recs = reload(ctx, t, st, ops, recs)
+	judge(ctx, t, f, w, pool, ops, recs, onlyCompleted)
+	f.note("%s", logSummary(p))
+	f.report(t)
+	if err := p.stop(15 * time.Second); err != nil {
+		t.Errorf("graceful stop: %v", err)
+	}
+}
+
+// logSummary counts the warnings and errors p logged: the evidence that a
+// fault was felt, not slept through.
+func logSummary(p *proc) string {
+	warn, errs := 0, 0
+	var sample string
+	for _, line := range strings.Split(p.output(), "\n") {
+		switch {
+		case strings.Contains(line, `"level":"WARN"`) || strings.Contains(line, "level=WARN"):
+			warn++
+		case strings.Contains(line, `"level":"ERROR"`) || strings.Contains(line, "level=ERROR"):
+			errs++
+			if sample == "" {
+				sample = line
+			}
+		}
+	}
+	return fmt.Sprintf("%s logged %d warnings, %d errors %s", p.name, warn, errs, sample)
+}
+
+// onlyCompleted is the expectation when the downstream is healthy: every
+// request reaches it, so every operation completes.
+func onlyCompleted(_ faultOp, rec events.Operation) (bool, string) {
+	return rec.Status == events.StatusCompleted, "want completed"
+}
+
+func completedCount(ctx context.Context, st *store.Store, ops []faultOp) int {
+	keys := make([]string, len(ops))
+	for i, op := range ops {
+		keys[i] = op.key
+	}
+	got, err := st.LoadMany(ctx, keys)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, op := range got {
+		if op.Status == events.StatusCompleted {
+			n++
+		}
+	}
+	return n
+}
+
+// reload loads the records again after the grace period, keeping the old
+// ones if the store cannot be read.
+func reload(ctx context.Context, t *testing.T, st *store.Store, ops []faultOp, old map[string]events.Operation) map[string]events.Operation {
+	t.Helper()
+	keys := make([]string, len(ops))
+	for i, op := range ops {
+		keys[i] = op.key
+	}
+	for range 20 {
+		got, err := st.LoadMany(ctx, keys)
+		if err == nil {
+			return got
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Errorf("reloading the records failed; judging the last ones seen")
+	return old
+}
+
+// TestFaultPostgresRestart simulates a PostgreSQL restart for this test's
+// database: every backend of the database is terminated, several times,
+// and once new connections are refused for 3s before being allowed again.
+//
+// The server itself is not restarted: it is shared with every other test
+// binary of the module (go test ./... runs packages in parallel, each with
+// databases of its own), and restarting it would fail their tests. To the
+// application a restart is exactly this: every connection dies at once
+// (SQLSTATE 57P01, admin_shutdown), then connecting fails until the server
+// is back; terminating the backends of one database, and refusing
+// connections to it with ALLOW_CONNECTIONS false, reproduce both for this
+// test alone.
+func TestFaultPostgresRestart(t *testing.T) {
+	t.Parallel()
+	w := newFaultWorld(t, faultWorldOptions{})
+	pool := testenv.NewPool(t, w.db)
+	st := store.New(pool)
+	ctx := untilCtx(t, 3*time.Minute)
+	f := &faultFigures{test: "PostgreSQL restart (every backend of the database terminated 4 times, connections refused 3s once)"}
+	db := databaseName(t, w.db)
+	admin, err := pgx.Connect(ctx, testenv.DatabaseURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	allow := func(on bool) {
+		t.Helper()
+		if _, err := admin.Exec(context.WithoutCancel(ctx), fmt.Sprintf("ALTER DATABASE %s ALLOW_CONNECTIONS %t",
+			pgx.Identifier{db}.Sanitize(), on)); err != nil {
+			t.Errorf("ALLOW_CONNECTIONS %t: %v", on, err)
+		}
+	}
+	// Registered after NewDatabase, so it runs before the drop.
+	t.Cleanup(func() { allow(true) })
+	terminated := 0
+	terminate := func() {
+		t.Helper()
+		var n int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE datname = $1 AND pid <> pg_backend_pid()) AS killed`, db).Scan(&n); err != nil {
+			t.Errorf("terminating backends: %v", err)
+		}
+		terminated += n
+	}
+
+	p := startPipeline(t, w, "effectline")
+	ops := faultOps("postgres", 45)
+	fed := feed(ctx, t, pool, ops, 120*time.Millisecond)
+
+	waitFor(t, ctx, "some operations to complete", func() bool { return completedCount(ctx, st, ops) >= 5 })
+	first := time.Now()
+	for i := range 3 {
+		terminate()
+		time.Sleep(time.Duration(700+300*i) * time.Millisecond)
+	}
+	// The restart proper: refuse, kill what is connected, stay down 3s.
+	allow(false)
+	terminate()
+	time.Sleep(3 * time.Second)
+	allow(true)
+	f.note("%d backends terminated over %s, connections refused for 3s", terminated, time.Since(first).Round(100*time.Millisecond))
+	<-fed
+
+	sctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	recs := waitSettled(sctx, st, ops)
+	f.note("every operation settled %s after the first termination", time.Since(first).Round(100*time.Millisecond))
+	time.Sleep(time.Second)
+	recs = reload(ctx, t, st, ops, recs)
+	judge(ctx, t, f, w, pool, ops, recs, onlyCompleted)
+	f.note("%s", logSummary(p))
+	f.report(t)
+	select {
+	case <-p.done:
+		t.Errorf("effectline exited during the database outage: %v", p.err)
+	default:
+		if err := p.stop(15 * time.Second); err != nil {
+			t.Errorf("graceful stop: %v", err)
+		}
+	}
+}
+
+func databaseName(t *testing.T, dbURL string) string {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimPrefix(u.Path, "/")
+}
+
+// TestFaultDownstreamStalls makes the downstream stall past the tool's 3s
+// timeout for some requests of every class (one stalls until the client
+// gives up) and under it for one. Each class must end its own way: the
+// idempotent effect retried under the same key, the compensable one undone
+// and retried under a new key, the irreversible one reconciled (the stalled
+// request did nothing, so it is escalated, never re-sent).
+func TestFaultDownstreamStalls(t *testing.T) {
+	t.Parallel()
+	w := newFaultWorld(t, faultWorldOptions{})
+	pool := testenv.NewPool(t, w.db)
+	st := store.New(pool)
+	ctx := untilCtx(t, 3*time.Minute)
+	f := &faultFigures{test: "downstream stalls (stall 5s > 3s timeout on 3 requests per class, one stall-forever, one 1s stall)"}
+
+	p := startPipeline(t, w, "effectline")
+	all := faultOps("stall", 36)
+	byClass := map[events.EffectClass][]faultOp{}
+	for _, op := range all {
+		byClass[op.class] = append(byClass[op.class], op)
+	}
+	long := testenv.FaultStall(5 * time.Second)
+	// One phase per class, so each class meets its own stalls: the script
+	// of the invoke route is consumed in arrival order, and the phase waits
+	// for every first attempt of its operations before the next begins.
+	// Irreversible first and idempotent last: a retry (which would take a
+	// stall meant for the next class) comes only after a 3s timeout.
+	phases := []struct {
+		class  events.EffectClass
+		faults []testenv.Fault
+	}{
+		{events.Irreversible, []testenv.Fault{long, testenv.FaultNone, long, testenv.FaultNone, long}},
+		{events.Compensable, []testenv.Fault{long, testenv.FaultStall(time.Second), long, testenv.FaultNone, long}},
+		{events.Idempotent, []testenv.Fault{long, testenv.FaultNone, testenv.FaultStallForever, testenv.FaultNone, long}},
+	}
+	invokesOf := func(ops []faultOp) int {
+		n := 0
+		for _, r := range w.fake.RequestLog() {
+			for _, op := range ops {
+				if r.Route == testenv.RouteInvoke && ofOperation(r.IdempotencyKey, op.key) {
+					n++
+					break
+				}
+			}
+		}
+		return n
+	}
+	for _, ph := range phases {
+		ops := byClass[ph.class]
+		w.fake.Script(testenv.RouteInvoke, ph.faults...)
+		<-feed(ctx, t, pool, ops, 0)
+		waitFor(t, ctx, "the first attempts of the "+string(ph.class)+" operations", func() bool { return invokesOf(ops) >= len(ops) })
+	}
+
+	sctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	recs := waitSettled(sctx, st, all)
+	time.Sleep(time.Second)
+	recs = reload(ctx, t, st, all, recs)
+
+	// Which operations a stall past the timeout hit, from the downstream's
+	// own log.
+	stalled := map[string]string{}
+	reconciles := map[string]int{}
+	invokes := map[string]int{}
+	for _, r := range w.fake.RequestLog() {
+		for _, op := range all {
+			if !ofOperation(r.IdempotencyKey, op.key) {
+				continue
+			}
+			switch r.Route {
+			case testenv.RouteInvoke:
+				invokes[op.key]++
+				if s := r.Fault.String(); s == long.String() || s == testenv.FaultStallForever.String() {
+					stalled[op.key] = s
+				}
+			case testenv.RouteReconcile:
+				reconciles[op.key]++
+			}
+		}
+	}
+	perClass := map[events.EffectClass]int{}
+	for _, op := range all {
+		if _, hit := stalled[op.key]; hit {
+			perClass[op.class]++
+		}
+	}
+	expect := func(op faultOp, rec events.Operation) (bool, string) {
+		if _, hit := stalled[op.key]; !hit {
+			return rec.Status == events.StatusCompleted && invokes[op.key] == 1 && rec.Compensations == 0,
+				"want completed in one attempt"
+		}
+		switch op.class {
+		case events.Idempotent:
+			return rec.Status == events.StatusCompleted && invokes[op.key] >= 2 && rec.Compensations == 0,
+				"want completed after a retry under the same key"
+		case events.Compensable:
+			return rec.Status == events.StatusCompleted && rec.Compensations >= 1 &&
+					rec.DownstreamKey == events.DownstreamKeyFor(op.key, rec.Compensations),
+				"want completed after an undo and a retry under a new key"
+		default:
+			return rec.Status == events.StatusEscalated && reconciles[op.key] >= 1 &&
+					rec.Escalation != nil && rec.Escalation.Reason == "absent_downstream",
+				"want reconciled (absent) and escalated, not retried"
+		}
+	}
+	judge(ctx, t, f, w, pool, all, recs, expect)
+	f.note("stalled past the timeout per class: %v; releases %d", perClass, w.fake.Releases())
+	for _, c := range events.EffectClasses() {
+		if perClass[c] == 0 {
+			f.wrongState++
+			t.Errorf("no %s operation met a stall: the test did not test it", c)
+		}
+	}
+	if n := w.fake.Pending(testenv.RouteInvoke); n != 0 {
+		t.Errorf("%d scripted stalls were never consumed", n)
+	}
+	f.report(t)
+	if err := p.stop(15 * time.Second); err != nil {
+		t.Errorf("graceful stop: %v", err)
+	}
+}
+
+// TestFaultTCPProxy puts a TCP proxy between effectline and each of its
+// dependencies (PostgreSQL, the broker, the downstream tool), adds latency
+// to every chunk, and cuts each dependency's connections several times
+// mid-run; once the tool also refuses connections for a second.
+func TestFaultTCPProxy(t *testing.T) {
+	t.Parallel()
+	fake := testenv.NewFakeTool(t)
+	toolProxy := newTCPProxy(t, strings.TrimPrefix(fake.URL, "http://"))
+	pgProxy := newTCPProxy(t, "")
+	brokerProxy := newTCPProxy(t, "")
+	advertised, err := net.ResolveTCPAddr("tcp", brokerProxy.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.ListenFn(func(network, address string) (net.Listener, error) {
+		ln, err := listenLoopback(network, address)
+		if err != nil {
+			return nil, err
+		}
+		brokerProxy.setUpstream(ln.Addr().String())
+		return advertisedListener{Listener: ln, addr: advertised}, nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+
+	w := newFaultWorld(t, faultWorldOptions{
+		brokers: []string{brokerProxy.Addr()},
+		fake:    fake,
+		toolURL: "http://" + toolProxy.Addr(),
+		dbVia: func(direct string) string {
+			u, err := url.Parse(direct)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pgProxy.setUpstream(u.Host)
+			u.Host = pgProxy.Addr()
+			return u.String()
+		},
+	})
+	pool := testenv.NewPool(t, w.db)
+	st := store.New(pool)
+	ctx := untilCtx(t, 3*time.Minute)
+	f := &faultFigures{test: "TCP proxy (5ms per chunk on every dependency; connections to each cut 3 times, tool refused 1s)"}
+	proxies := []struct {
+		name string
+		p    *tcpProxy
+	}{{"postgres", pgProxy}, {"broker", brokerProxy}, {"tool", toolProxy}}
+	for _, x := range proxies {
+		x.p.setLatency(5 * time.Millisecond)
+	}
+
+	p := startPipeline(t, w, "effectline")
+	ops := faultOps("proxy", 36)
+	fed := feed(ctx, t, pool, ops, 150*time.Millisecond)
+	waitFor(t, ctx, "some operations to complete", func() bool { return completedCount(ctx, st, ops) >= 3 })
+	cuts := map[string]int{}
+	for round := range 3 {
+		for _, x := range proxies {
+			cuts[x.name] += x.p.cutAll()
+			time.Sleep(400 * time.Millisecond)
+		}
+		if round == 1 {
+			toolProxy.refuse(time.Second)
+		}
+	}
+	<-fed
+	f.note("connections cut: %v", cuts)
+
+	sctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	recs := waitSettled(sctx, st, ops)
+	time.Sleep(time.Second)
+	recs = reload(ctx, t, st, ops, recs)
+	judge(ctx, t, f, w, pool, ops, recs, nil)
+	f.report(t)
+	if err := p.stop(15 * time.Second); err != nil {
+		t.Errorf("graceful stop: %v", err)
+	}
+}
+
+// intentsProducer is a sarama producer with effectline's own client
+// configuration, so a message lands in the partition the relay would use.
+func intentsProducer(t *testing.T, brokers []string) (sarama.SyncProducer, kafka.Config) {
+	t.Helper()
+	cfg := kafka.Config{Brokers: brokers, Partitions: 3}.WithDefaults()
+	sc := cfg.Sarama()
+	sc.ClientID = "fault-test"
+	pr, err := sarama.NewSyncProducer(brokers, sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pr.Close() })
+	return pr, cfg
+}
+
+// produceIntent publishes raw, an encoded intent.recorded envelope of key,
+// to the intents topic as a non-Go producer would.
+func produceIntent(t *testing.T, pr sarama.SyncProducer, cfg kafka.Config, env events.Envelope, raw []byte) {
+	t.Helper()
+	msg := kafka.ProducerMessage(kafka.Record{Topic: cfg.Topic(events.TopicIntents), Envelope: env, Raw: raw})
+	if _, _, err := pr.SendMessage(msg); err != nil {
+		t.Fatalf("producing the intent of %s: %v", env.OperationKey, err)
+	}
+}
+
+// storedIntent returns the intent.recorded envelope of key as journaled.
+func storedIntent(ctx context.Context, t *testing.T, pool *pgxpool.Pool, key string) (events.Envelope, []byte) {
+	t.Helper()
+	var raw []byte
+	if err := pool.QueryRow(ctx, `SELECT envelope FROM events WHERE operation_key = $1 AND seq = 1`, key).Scan(&raw); err != nil {
+		t.Fatalf("loading the intent of %s: %v", key, err)
+	}
+	env, err := events.Decode(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env, raw
+}
+
+// newDirectIntent builds the envelope a non-Go service produces straight to
+// effectline.intents: intent.recorded with seq 1.
+func newDirectIntent(t *testing.T, op faultOp, i int) (events.Envelope, []byte) {
+	t.Helper()
+	in := op.intent(i)
+	env, err := events.New(events.IntentRecorded, op.key, 1, op.tool, op.class, 0,
+		events.IntentData{Args: in.Args, Principal: in.Principal}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := events.Encode(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env, raw
+}
+
+// TestFaultEveryIntentDeliveredTwice delivers every intent message twice:
+// each intent the relay publishes is produced once more, some at once (the
+// copies race) and some after the operation completed, and intents
+// produced straight to Kafka (never in the store) are produced twice. Each
+// operation must take effect once.
+func TestFaultEveryIntentDeliveredTwice(t *testing.T) {
+	t.Parallel()
+	w := newFaultWorld(t, faultWorldOptions{})
+	pool := testenv.NewPool(t, w.db)
+	st := store.New(pool)
+	ctx := untilCtx(t, 3*time.Minute)
+	f := &faultFigures{test: "every intent delivered twice (outbox intents re-produced, direct intents produced twice)"}
+	pr, cfg := intentsProducer(t, w.broker.Addrs)
+
+	p := startPipeline(t, w, "effectline")
+	viaOutbox := faultOps("twice/outbox", 30)
+	direct := faultOps("twice/direct", 12)
+	<-feed(ctx, t, pool, viaOutbox, 0)
+	produced := 0
+	for i, op := range viaOutbox {
+		if i%2 == 0 { // at once: races the relay's copy
+			env, raw := storedIntent(ctx, t, pool, op.key)
+			produceIntent(t, pr, cfg, env, raw)
+			produced++
+		}
+	}
+	for i, op := range direct {
+		env, raw := newDirectIntent(t, op, i)
+		produceIntent(t, pr, cfg, env, raw)
+		produceIntent(t, pr, cfg, env, raw)
+		produced += 2
+	}
+	all := append(append([]faultOp(nil), viaOutbox...), direct...)
+	sctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	waitSettled(sctx, st, all)
+	// The other half after completion: a redelivery long after the fact.
+	for i, op := range viaOutbox {
+		if i%2 == 1 {
+			env, raw := storedIntent(ctx, t, pool, op.key)
+			produceIntent(t, pr, cfg, env, raw)
+			produced++
+		}
+	}
+	waitGroupCaughtUp(ctx, t, cfg, "effectline-executor", cfg.Topic(events.TopicIntents))
+	time.Sleep(time.Second)
+	recs := reload(ctx, t, st, all, nil)
+	judge(ctx, t, f, w, pool, all, recs, onlyCompleted)
+	f.note("%d operations via the outbox, %d produced directly; %d extra copies produced", len(viaOutbox), len(direct), produced-len(direct))
+	for _, op := range all {
+		if rec := recs[op.key]; rec.Evidence != 0 || rec.Attempt != 1 {
+			f.wrongState++
+			t.Errorf("%s: attempt %d, %d evidence events: a copy was treated as a new intent", op.key, rec.Attempt, rec.Evidence)
+		}
+	}
+	f.report(t)
+	if err := p.stop(15 * time.Second); err != nil {
+		t.Errorf("graceful stop: %v", err)
+	}
+}
+
+// waitGroupCaughtUp waits until consumer group has committed offsets at the
+// end of every partition of topic.
+func waitGroupCaughtUp(ctx context.Context, t *testing.T, cfg kafka.Config, group, topic string) {
+	t.Helper()
+	client, err := sarama.NewClient(cfg.Brokers, cfg.Sarama())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lag map[int32]int64
+	ok := waitForSoft(ctx, func() bool {
+		parts, err := client.Partitions(topic)
+		if err != nil {
+			return false
+		}
+		resp, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: parts})
+		if err != nil {
+			return false
+		}
+		lag = map[int32]int64{}
+		for _, part := range parts {
+			end, err := client.GetOffset(topic, part, sarama.OffsetNewest)
+			if err != nil {
+				return false
+			}
+			committed := int64(0)
+			if b := resp.GetBlock(topic, part); b != nil && b.Offset > 0 {
+				committed = b.Offset
+			}
+			if committed < end {
+				lag[part] = end - committed
+			}
+		}
+		return len(lag) == 0
+	})
+	if !ok {
+		t.Fatalf("group %s did not catch up on %s: lag %v", group, topic, lag)
+	}
+}
+
+// TestFaultReplayIntentsFromOffsetZero runs a batch to completion (with lost
+// responses on the way, so the topics hold unknowns, undos and
+// reconciliations), stops the binary, deletes the consumer groups of the
+// executor, the projector and the reconciler, and starts it again: every
+// topic is replayed from offset 0. Nothing may happen: no request to the
+// downstream that changes anything, no event appended, no read-model row
+// rewritten to another state.
+func TestFaultReplayIntentsFromOffsetZero(t *testing.T) {
+	t.Parallel()
+	w := newFaultWorld(t, faultWorldOptions{})
+	pool := testenv.NewPool(t, w.db)
+	st := store.New(pool)
+	ctx := untilCtx(t, 3*time.Minute)
+	f := &faultFigures{test: "replay from offset 0 (consumer groups deleted after a completed run, binary restarted)"}
+	ops := faultOps("replay", 30)
+	w.fake.Script(testenv.RouteInvoke, testenv.FaultNone, testenv.FaultLoseResponse, testenv.FaultNone, testenv.FaultLoseResponse,
+		testenv.FaultNone, testenv.FaultLoseResponse)
+
+	first := startPipeline(t, w, "effectline (first run)")
+	<-feed(ctx, t, pool, ops, 0)
+	sctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	waitSettled(sctx, st, ops)
+	if lag := readModelLag(ctx, t, pool, ops); lag != 0 {
+		t.Fatalf("the read model did not converge before the replay")
+	}
+	cfg := kafka.Config{Brokers: w.broker.Addrs, Partitions: 3}.WithDefaults()
+	waitGroupCaughtUp(ctx, t, cfg, "effectline-executor", cfg.Topic(events.TopicIntents))
+	if err := first.stop(15 * time.Second); err != nil {
+		t.Fatalf("graceful stop: %v", err)
+	}
+	before := snapshot(ctx, t, w, pool)
+
+	admin, err := sarama.NewClusterAdmin(cfg.Brokers, cfg.Sarama())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	groups := []string{"effectline-executor", "effectline-projector", "effectline-reconciler"}
+	for _, g := range groups {
+		if err := admin.DeleteConsumerGroup(g); err != nil {
+			t.Fatalf("deleting consumer group %s: %v", g, err)
+		}
+	}
+	listed, err := admin.ListConsumerGroups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range groups {
+		if _, ok := listed[g]; ok {
+			t.Fatalf("consumer group %s still exists after deletion", g)
+		}
+	}
+
+	second := startPipeline(t, w, "effectline (replaying)")
+	waitGroupCaughtUp(ctx, t, cfg, "effectline-executor", cfg.Topic(events.TopicIntents))
+	waitGroupCaughtUp(ctx, t, cfg, "effectline-projector", cfg.Topic(events.TopicOutcomes))
+	waitGroupCaughtUp(ctx, t, cfg, "effectline-reconciler", cfg.Topic(events.TopicOutcomes))
+	time.Sleep(2 * time.Second) // the executor's dispatched advances, the poller, a sweep
+	after := snapshot(ctx, t, w, pool)
+
+	recs := reload(ctx, t, st, ops, nil)
+	judge(ctx, t, f, w, pool, ops, recs, onlyCompleted)
+	changed := 0
+	for key, b := range before.ops {
+		if a := after.ops[key]; a != b {
+			changed++
+			t.Errorf("%s changed by the replay: %s -> %s", key, b, a)
+		}
+	}
+	f.wrongState += changed
+	if after.events != before.events {
+		f.wrongState++
+		t.Errorf("the replay appended %d events", after.events-before.events)
+	}
+	if d := after.changing - before.changing; d != 0 {
+		f.duplicates += d
+		t.Errorf("the replay sent %d invoke or compensate requests downstream", d)
+	}
+	f.note("replayed %d intent and %d outcome messages; seq, status and read-model row of %d operations unchanged: %t; events %d -> %d; downstream invokes+releases %d -> %d, reconcile queries %d -> %d",
+		before.intents, before.outcomes, len(before.ops), changed == 0, before.events, after.events,
+		before.changing, after.changing, before.queries, after.queries)
+	f.report(t)
+	if err := second.stop(15 * time.Second); err != nil {
+		t.Errorf("graceful stop: %v", err)
+	}
+}
+
+// runSnapshot is what a replay must leave unchanged.
+type runSnapshot struct {
+	// ops maps each operation to its seq, status and read-model row.
+	ops               map[string]string
+	events            int
+	changing, queries int
+	intents, outcomes int64
+}
+
+func snapshot(ctx context.Context, t *testing.T, w *world, pool *pgxpool.Pool) runSnapshot {
+	t.Helper()
+	s := runSnapshot{ops: map[string]string{}}
+	rows, err := pool.Query(ctx, `SELECT o.operation_key, o.seq, o.status, s.last_seq, s.status, s.record::text, s.projected_at
+		FROM operations o JOIN operation_state s USING (operation_key)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var key, status, rmStatus, record string
+		var seq, rmSeq int64
+		var projected time.Time
+		if err := rows.Scan(&key, &seq, &status, &rmSeq, &rmStatus, &record, &projected); err != nil {
+			t.Fatal(err)
+		}
+		s.ops[key] = fmt.Sprintf("seq %d %s, read model seq %d %s (%d bytes, projected %s)",
+			seq, status, rmSeq, rmStatus, len(record), projected.Format(time.RFC3339Nano))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM events`).Scan(&s.events); err != nil {
+		t.Fatal(err)
+	}
+	s.changing = w.fake.Requests(testenv.RouteInvoke) + w.fake.Requests(testenv.RouteCompensate)
+	s.queries = w.fake.Requests(testenv.RouteReconcile)
+	cfg := kafka.Config{Brokers: w.broker.Addrs}.WithDefaults()
+	s.intents = topicSize(t, cfg, cfg.Topic(events.TopicIntents))
+	s.outcomes = topicSize(t, cfg, cfg.Topic(events.TopicOutcomes))
+	return s
+}
+
+func topicSize(t *testing.T, cfg kafka.Config, topic string) int64 {
+	t.Helper()
+	client, err := sarama.NewClient(cfg.Brokers, cfg.Sarama())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	parts, err := client.Partitions(topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, p := range parts {
+		end, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += end
+	}
+	return n
+}
