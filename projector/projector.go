@@ -230,8 +230,8 @@ func (p *Projector) handle(ctx context.Context, msg *sarama.ConsumerMessage) err
 		trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(
 			attribute.String("effectline.operation_key", env.OperationKey),
-			attribute.String("effectline.event.type", string(env.Type)),
-			attribute.Int64("effectline.event.seq", env.Seq),
+			attribute.String("effectline.event_type", string(env.Type)),
+			attribute.Int64("effectline.seq", env.Seq),
 		))
 	defer span.End()
 

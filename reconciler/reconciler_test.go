@@ -446,6 +446,7 @@ func TestOneSweeperAtATime(t *testing.T) {
 	var holders int
 	if err := e.st.Pool().QueryRow(t.Context(), `SELECT count(*) FROM pg_locks
 		WHERE locktype = 'advisory' AND granted
+		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 		  AND ((classid::bigint << 32) | objid::bigint) = $1`, reconciler.DefaultLeaderLockKey).Scan(&holders); err != nil {
 		t.Fatal(err)
 	}

@@ -67,7 +67,7 @@ func TestCrashMatrix(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
 	var results []*cellResult
-	sem := make(chan struct{}, 3)
+	sem := make(chan struct{}, 6)
 	t.Run("cells", func(t *testing.T) {
 		for _, point := range crashPoints {
 			for _, c := range crashClasses {

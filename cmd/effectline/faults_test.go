@@ -46,10 +46,10 @@ import (
 // faultComponents is what the fault tests run: everything but the API.
 const faultComponents = "relay,executor,projector,reconciler"
 
-// settleTimeout bounds how long a fault test waits for every operation to
+// faultSettleTimeout bounds how long a fault test waits for every operation to
 // settle after the last fault; it covers sarama's reconnect backoff and
 // circuit breaker, the poller's pickup grace and a session timeout.
-const settleTimeout = 100 * time.Second
+const faultSettleTimeout = 100 * time.Second
 
 // faultOp is one operation a fault test drives.
 type faultOp struct {
@@ -142,22 +142,22 @@ func newFaultWorld(t *testing.T, o faultWorldOptions) *world {
 	return w
 }
 
-var runningLine = regexp.MustCompile(`effectline running`)
+var faultRunningLine = regexp.MustCompile(`effectline running`)
 
-// startPipeline starts the binary with the fault suite's components and
+// faultStartPipeline starts the binary with the fault suite's components and
 // waits until it says it runs.
-func startPipeline(t *testing.T, w *world, name string) *proc {
+func faultStartPipeline(t *testing.T, w *world, name string) *proc {
 	t.Helper()
 	p := start(t, name, w.env, "run", "--components", faultComponents)
-	p.waitLine(runningLine, 60*time.Second)
+	p.waitLine(faultRunningLine, 60*time.Second)
 	return p
 }
 
-// feed appends the intents of ops with outbox.Append, one transaction each,
+// faultFeed appends the intents of ops with outbox.Append, one transaction each,
 // every `every`, retrying each until it commits: under a database fault a
 // commit may fail or its answer be lost, and Append of the same intent
 // again is a no-op, which is exactly what an agent service would do.
-func feed(ctx context.Context, t *testing.T, pool *pgxpool.Pool, ops []faultOp, every time.Duration) <-chan struct{} {
+func faultFeed(ctx context.Context, t *testing.T, pool *pgxpool.Pool, ops []faultOp, every time.Duration) <-chan struct{} {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -186,14 +186,14 @@ func feed(ctx context.Context, t *testing.T, pool *pgxpool.Pool, ops []faultOp, 
 	return done
 }
 
-// settled reports whether nothing more happens to an operation without a
+// faultSettled reports whether nothing more happens to an operation without a
 // human: a terminal status, or escalated.
-func settled(s events.Status) bool { return s.Terminal() || s == events.StatusEscalated }
+func faultSettled(s events.Status) bool { return s.Terminal() || s == events.StatusEscalated }
 
-// waitSettled waits until every operation is settled, or ctx ends, and
+// faultWaitSettled waits until every operation is settled, or ctx ends, and
 // returns the records last seen. Load errors (the database may be down) are
 // retried.
-func waitSettled(ctx context.Context, st *store.Store, ops []faultOp) map[string]events.Operation {
+func faultWaitSettled(ctx context.Context, st *store.Store, ops []faultOp) map[string]events.Operation {
 	keys := make([]string, len(ops))
 	for i, op := range ops {
 		keys[i] = op.key
@@ -206,7 +206,7 @@ func waitSettled(ctx context.Context, st *store.Store, ops []faultOp) map[string
 		}
 		last = got
 		for _, k := range keys {
-			if op, ok := got[k]; !ok || !settled(op.Status) {
+			if op, ok := got[k]; !ok || !faultSettled(op.Status) {
 				return false
 			}
 		}
@@ -256,12 +256,12 @@ func (f *faultFigures) report(t *testing.T) {
 	}
 }
 
-// expectation says which final states an operation may end in. The default
+// faultExpectation says which final states an operation may end in. The default
 // (nil) is: completed, or escalated for an irreversible effect that provably
 // did not happen (its request was cut before it reached the downstream).
-type expectation func(op faultOp, rec events.Operation) (ok bool, why string)
+type faultExpectation func(op faultOp, rec events.Operation) (ok bool, why string)
 
-func completedOrAbsentIrreversible(op faultOp, rec events.Operation) (bool, string) {
+func faultCompletedOrAbsent(op faultOp, rec events.Operation) (bool, string) {
 	switch {
 	case rec.Status == events.StatusCompleted:
 		return true, ""
@@ -274,13 +274,13 @@ func completedOrAbsentIrreversible(op faultOp, rec events.Operation) (bool, stri
 	return false, "want completed (or escalated, irreversible and absent)"
 }
 
-// judge computes the figures of a run from the records, the downstream's
-// log and the read model. recs are the records waitSettled returned.
-func judge(ctx context.Context, t *testing.T, f *faultFigures, w *world, pool *pgxpool.Pool, ops []faultOp,
-	recs map[string]events.Operation, expect expectation) {
+// faultJudge computes the figures of a run from the records, the downstream's
+// log and the read model. recs are the records faultWaitSettled returned.
+func faultJudge(ctx context.Context, t *testing.T, f *faultFigures, w *world, pool *pgxpool.Pool, ops []faultOp,
+	recs map[string]events.Operation, expect faultExpectation) {
 	t.Helper()
 	if expect == nil {
-		expect = completedOrAbsentIrreversible
+		expect = faultCompletedOrAbsent
 	}
 	f.ops = len(ops)
 	f.states = map[events.Status]int{}
@@ -293,10 +293,10 @@ func judge(ctx context.Context, t *testing.T, f *faultFigures, w *world, pool *p
 		}
 	}
 	for _, op := range ops {
-		live := liveEffects(effects, op.key)
+		live := faultLiveEffects(effects, op.key)
 		invokes := 0
 		for _, r := range reqs {
-			if r.Route == testenv.RouteInvoke && ofOperation(r.IdempotencyKey, op.key) {
+			if r.Route == testenv.RouteInvoke && faultOfOperation(r.IdempotencyKey, op.key) {
 				invokes++
 			}
 		}
@@ -308,7 +308,7 @@ func judge(ctx context.Context, t *testing.T, f *faultFigures, w *world, pool *p
 			continue
 		}
 		f.states[rec.Status]++
-		if !settled(rec.Status) || rec.Status == events.StatusEscalated && op.class != events.Irreversible {
+		if !faultSettled(rec.Status) || rec.Status == events.StatusEscalated && op.class != events.Irreversible {
 			// Escalated idempotent or compensable operations count as
 			// lost: nothing called for a human.
 			f.lost++
@@ -334,23 +334,23 @@ func judge(ctx context.Context, t *testing.T, f *faultFigures, w *world, pool *p
 			t.Errorf("%s: an irreversible effect was sent %d times", op.key, invokes)
 		}
 	}
-	f.readModel = readModelLag(ctx, t, pool, ops)
+	f.readModel = faultReadModelLag(ctx, t, pool, ops)
 }
 
-// liveEffects counts the unreleased effects of operation key under any of
+// faultLiveEffects counts the unreleased effects of operation key under any of
 // its downstream keys (key, key~c1, key~c2 ...).
-func liveEffects(effects []testenv.Effect, key string) int {
+func faultLiveEffects(effects []testenv.Effect, key string) int {
 	n := 0
 	for _, e := range effects {
-		if !e.Released && ofOperation(e.IdempotencyKey, key) {
+		if !e.Released && faultOfOperation(e.IdempotencyKey, key) {
 			n++
 		}
 	}
 	return n
 }
 
-// ofOperation reports whether downstream key dk belongs to operation key.
-func ofOperation(dk, key string) bool {
+// faultOfOperation reports whether downstream key dk belongs to operation key.
+func faultOfOperation(dk, key string) bool {
 	if dk == key {
 		return true
 	}
@@ -362,10 +362,10 @@ func ofOperation(dk, key string) bool {
 	return err == nil
 }
 
-// readModelLag waits (briefly) for operation_state to hold every
+// faultReadModelLag waits (briefly) for operation_state to hold every
 // operation's record at the event store's seq and status, and returns how
 // many never got there.
-func readModelLag(ctx context.Context, t *testing.T, pool *pgxpool.Pool, ops []faultOp) int {
+func faultReadModelLag(ctx context.Context, t *testing.T, pool *pgxpool.Pool, ops []faultOp) int {
 	t.Helper()
 	keys := make([]string, len(ops))
 	for i, op := range ops {
@@ -393,8 +393,8 @@ func readModelLag(ctx context.Context, t *testing.T, pool *pgxpool.Pool, ops []f
 	return len(behind)
 }
 
-// freePort returns a loopback port nothing listens on at the moment.
-func freePort(t *testing.T) int {
+// faultFreePort returns a loopback port nothing listens on at the moment.
+func faultFreePort(t *testing.T) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -404,7 +404,7 @@ func freePort(t *testing.T) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-func listenLoopback(network, address string) (net.Listener, error) {
+func faultListenLoopback(network, address string) (net.Listener, error) {
 	_, port, err := net.SplitHostPort(address)
 	if err != nil {
 		return nil, err
@@ -412,10 +412,10 @@ func listenLoopback(network, address string) (net.Listener, error) {
 	return net.Listen(network, net.JoinHostPort("127.0.0.1", port))
 }
 
-// restartableBroker is a kfake cluster that persists to a directory and
+// faultBroker is a kfake cluster that persists to a directory and
 // listens on a fixed port, so it can be stopped and started again as the
 // same broker: what a Kafka restart looks like to clients.
-type restartableBroker struct {
+type faultBroker struct {
 	t    *testing.T
 	port int
 	dir  string
@@ -423,23 +423,23 @@ type restartableBroker struct {
 	c    *kfake.Cluster
 }
 
-func newRestartableBroker(t *testing.T) *restartableBroker {
+func newFaultBroker(t *testing.T) *faultBroker {
 	t.Helper()
-	b := &restartableBroker{t: t, port: freePort(t), dir: t.TempDir()}
+	b := &faultBroker{t: t, port: faultFreePort(t), dir: t.TempDir()}
 	b.start()
 	t.Cleanup(b.stop)
 	return b
 }
 
-func (b *restartableBroker) addr() string { return "127.0.0.1:" + strconv.Itoa(b.port) }
+func (b *faultBroker) addr() string { return "127.0.0.1:" + strconv.Itoa(b.port) }
 
-func (b *restartableBroker) start() {
+func (b *faultBroker) start() {
 	b.t.Helper()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var err error
 	for range 100 { // the old listener's port may take a moment to free
-		b.c, err = kfake.NewCluster(kfake.Ports(b.port), kfake.DataDir(b.dir), kfake.ListenFn(listenLoopback))
+		b.c, err = kfake.NewCluster(kfake.Ports(b.port), kfake.DataDir(b.dir), kfake.ListenFn(faultListenLoopback))
 		if err == nil {
 			return
 		}
@@ -448,7 +448,7 @@ func (b *restartableBroker) start() {
 	b.t.Fatalf("starting the broker on %d: %v", b.port, err)
 }
 
-func (b *restartableBroker) stop() {
+func (b *faultBroker) stop() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.c != nil {
@@ -463,43 +463,43 @@ func (b *restartableBroker) stop() {
 // pickup grace); outcomes wait in the event store; the consumers rejoin.
 func TestFaultBrokerRestart(t *testing.T) {
 	t.Parallel()
-	b := newRestartableBroker(t)
+	b := newFaultBroker(t)
 	w := newFaultWorld(t, faultWorldOptions{brokers: []string{b.addr()}})
 	pool := testenv.NewPool(t, w.db)
 	st := store.New(pool)
 	ctx := untilCtx(t, 3*time.Minute)
 	f := &faultFigures{test: "broker restart (kfake stopped 5s mid-run, restarted on the same port and data dir)"}
 
-	p := startPipeline(t, w, "effectline")
+	p := faultStartPipeline(t, w, "effectline")
 	ops := faultOps("broker", 45)
-	fed := feed(ctx, t, pool, ops, 100*time.Millisecond)
+	fed := faultFeed(ctx, t, pool, ops, 100*time.Millisecond)
 
-	waitFor(t, ctx, "a third of the operations to complete", func() bool { return completedCount(ctx, st, ops) >= len(ops)/3 })
+	waitFor(t, ctx, "a third of the operations to complete", func() bool { return faultCompletedCount(ctx, st, ops) >= len(ops)/3 })
 	down := time.Now()
 	b.stop()
-	f.note("broker stopped with %d of %d operations completed", completedCount(ctx, st, ops), len(ops))
+	f.note("broker stopped with %d of %d operations completed", faultCompletedCount(ctx, st, ops), len(ops))
 	time.Sleep(5 * time.Second)
 	b.start()
 	f.note("broker restarted after %s", time.Since(down).Round(100*time.Millisecond))
 	<-fed
 
-	sctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	sctx, cancel := context.WithTimeout(ctx, faultSettleTimeout)
 	defer cancel()
-	recs := waitSettled(sctx, st, ops)
+	recs := faultWaitSettled(sctx, st, ops)
 	f.note("every operation settled %s after the broker went down", time.Since(down).Round(100*time.Millisecond))
 	time.Sleep(time.Second) // give a wrong retry the time to happen
-	recs = reload(ctx, t, st, ops, recs)
-	judge(ctx, t, f, w, pool, ops, recs, onlyCompleted)
-	f.note("%s", logSummary(p))
+	recs = faultReload(ctx, t, st, ops, recs)
+	faultJudge(ctx, t, f, w, pool, ops, recs, faultOnlyCompleted)
+	f.note("%s", faultLogSummary(p))
 	f.report(t)
 	if err := p.stop(15 * time.Second); err != nil {
 		t.Errorf("graceful stop: %v", err)
 	}
 }
 
-// logSummary counts the warnings and errors p logged: the evidence that a
+// faultLogSummary counts the warnings and errors p logged: the evidence that a
 // fault was felt, not slept through.
-func logSummary(p *proc) string {
+func faultLogSummary(p *proc) string {
 	warn, errs := 0, 0
 	var sample string
 	for _, line := range strings.Split(p.output(), "\n") {
@@ -516,13 +516,13 @@ func logSummary(p *proc) string {
 	return fmt.Sprintf("%s logged %d warnings, %d errors %s", p.name, warn, errs, sample)
 }
 
-// onlyCompleted is the expectation when the downstream is healthy: every
+// faultOnlyCompleted is the faultExpectation when the downstream is healthy: every
 // request reaches it, so every operation completes.
-func onlyCompleted(_ faultOp, rec events.Operation) (bool, string) {
+func faultOnlyCompleted(_ faultOp, rec events.Operation) (bool, string) {
 	return rec.Status == events.StatusCompleted, "want completed"
 }
 
-func completedCount(ctx context.Context, st *store.Store, ops []faultOp) int {
+func faultCompletedCount(ctx context.Context, st *store.Store, ops []faultOp) int {
 	keys := make([]string, len(ops))
 	for i, op := range ops {
 		keys[i] = op.key
@@ -540,9 +540,9 @@ func completedCount(ctx context.Context, st *store.Store, ops []faultOp) int {
 	return n
 }
 
-// reload loads the records again after the grace period, keeping the old
+// faultReload loads the records again after the grace period, keeping the old
 // ones if the store cannot be read.
-func reload(ctx context.Context, t *testing.T, st *store.Store, ops []faultOp, old map[string]events.Operation) map[string]events.Operation {
+func faultReload(ctx context.Context, t *testing.T, st *store.Store, ops []faultOp, old map[string]events.Operation) map[string]events.Operation {
 	t.Helper()
 	keys := make([]string, len(ops))
 	for i, op := range ops {
@@ -578,7 +578,7 @@ func TestFaultPostgresRestart(t *testing.T) {
 	st := store.New(pool)
 	ctx := untilCtx(t, 3*time.Minute)
 	f := &faultFigures{test: "PostgreSQL restart (every backend of the database terminated 4 times, connections refused 3s once)"}
-	db := databaseName(t, w.db)
+	db := faultDatabaseName(t, w.db)
 	admin, err := pgx.Connect(ctx, testenv.DatabaseURL())
 	if err != nil {
 		t.Fatal(err)
@@ -604,11 +604,11 @@ func TestFaultPostgresRestart(t *testing.T) {
 		terminated += n
 	}
 
-	p := startPipeline(t, w, "effectline")
+	p := faultStartPipeline(t, w, "effectline")
 	ops := faultOps("postgres", 45)
-	fed := feed(ctx, t, pool, ops, 120*time.Millisecond)
+	fed := faultFeed(ctx, t, pool, ops, 120*time.Millisecond)
 
-	waitFor(t, ctx, "some operations to complete", func() bool { return completedCount(ctx, st, ops) >= 5 })
+	waitFor(t, ctx, "some operations to complete", func() bool { return faultCompletedCount(ctx, st, ops) >= 5 })
 	first := time.Now()
 	for i := range 3 {
 		terminate()
@@ -622,14 +622,14 @@ func TestFaultPostgresRestart(t *testing.T) {
 	f.note("%d backends terminated over %s, connections refused for 3s", terminated, time.Since(first).Round(100*time.Millisecond))
 	<-fed
 
-	sctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	sctx, cancel := context.WithTimeout(ctx, faultSettleTimeout)
 	defer cancel()
-	recs := waitSettled(sctx, st, ops)
+	recs := faultWaitSettled(sctx, st, ops)
 	f.note("every operation settled %s after the first termination", time.Since(first).Round(100*time.Millisecond))
 	time.Sleep(time.Second)
-	recs = reload(ctx, t, st, ops, recs)
-	judge(ctx, t, f, w, pool, ops, recs, onlyCompleted)
-	f.note("%s", logSummary(p))
+	recs = faultReload(ctx, t, st, ops, recs)
+	faultJudge(ctx, t, f, w, pool, ops, recs, faultOnlyCompleted)
+	f.note("%s", faultLogSummary(p))
 	f.report(t)
 	select {
 	case <-p.done:
@@ -641,13 +641,55 @@ func TestFaultPostgresRestart(t *testing.T) {
 	}
 }
 
-func databaseName(t *testing.T, dbURL string) string {
+func faultDatabaseName(t *testing.T, dbURL string) string {
 	t.Helper()
 	u, err := url.Parse(dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return strings.TrimPrefix(u.Path, "/")
+}
+
+// faultPhase is one class's share of a phased feed: the faults scripted on the
+// invoke route just before its operations are appended.
+type faultPhase struct {
+	class  events.EffectClass
+	faults []testenv.Fault
+}
+
+// faultFeedPhased appends ops one class at a time, so each class meets its own
+// scripted faults: the invoke script is consumed in arrival order, and a
+// phase waits for the first attempt of each of its operations before the
+// next phase scripts its faults. Order the phases irreversible first and
+// idempotent last: a retry (which would take a fault meant for a later
+// class) never comes from an irreversible operation, and comes from the
+// others only after their fault played out. The suite reads which
+// operation met which fault from the downstream's log, not from the plan.
+func faultFeedPhased(ctx context.Context, t *testing.T, w *world, pool *pgxpool.Pool, ops []faultOp, phases []faultPhase) {
+	t.Helper()
+	invokesOf := func(ops []faultOp) int {
+		n := 0
+		for _, r := range w.fake.RequestLog() {
+			for _, op := range ops {
+				if r.Route == testenv.RouteInvoke && faultOfOperation(r.IdempotencyKey, op.key) {
+					n++
+					break
+				}
+			}
+		}
+		return n
+	}
+	for _, ph := range phases {
+		var mine []faultOp
+		for _, op := range ops {
+			if op.class == ph.class {
+				mine = append(mine, op)
+			}
+		}
+		w.fake.Script(testenv.RouteInvoke, ph.faults...)
+		<-faultFeed(ctx, t, pool, mine, 0)
+		waitFor(t, ctx, "the first attempts of the "+string(ph.class)+" operations", func() bool { return invokesOf(mine) >= len(mine) })
+	}
 }
 
 // TestFaultDownstreamStalls makes the downstream stall past the tool's 3s
@@ -664,50 +706,20 @@ func TestFaultDownstreamStalls(t *testing.T) {
 	ctx := untilCtx(t, 3*time.Minute)
 	f := &faultFigures{test: "downstream stalls (stall 5s > 3s timeout on 3 requests per class, one stall-forever, one 1s stall)"}
 
-	p := startPipeline(t, w, "effectline")
+	p := faultStartPipeline(t, w, "effectline")
 	all := faultOps("stall", 36)
-	byClass := map[events.EffectClass][]faultOp{}
-	for _, op := range all {
-		byClass[op.class] = append(byClass[op.class], op)
-	}
 	long := testenv.FaultStall(5 * time.Second)
-	// One phase per class, so each class meets its own stalls: the script
-	// of the invoke route is consumed in arrival order, and the phase waits
-	// for every first attempt of its operations before the next begins.
-	// Irreversible first and idempotent last: a retry (which would take a
-	// stall meant for the next class) comes only after a 3s timeout.
-	phases := []struct {
-		class  events.EffectClass
-		faults []testenv.Fault
-	}{
+	faultFeedPhased(ctx, t, w, pool, all, []faultPhase{
 		{events.Irreversible, []testenv.Fault{long, testenv.FaultNone, long, testenv.FaultNone, long}},
 		{events.Compensable, []testenv.Fault{long, testenv.FaultStall(time.Second), long, testenv.FaultNone, long}},
 		{events.Idempotent, []testenv.Fault{long, testenv.FaultNone, testenv.FaultStallForever, testenv.FaultNone, long}},
-	}
-	invokesOf := func(ops []faultOp) int {
-		n := 0
-		for _, r := range w.fake.RequestLog() {
-			for _, op := range ops {
-				if r.Route == testenv.RouteInvoke && ofOperation(r.IdempotencyKey, op.key) {
-					n++
-					break
-				}
-			}
-		}
-		return n
-	}
-	for _, ph := range phases {
-		ops := byClass[ph.class]
-		w.fake.Script(testenv.RouteInvoke, ph.faults...)
-		<-feed(ctx, t, pool, ops, 0)
-		waitFor(t, ctx, "the first attempts of the "+string(ph.class)+" operations", func() bool { return invokesOf(ops) >= len(ops) })
-	}
+	})
 
-	sctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	sctx, cancel := context.WithTimeout(ctx, faultSettleTimeout)
 	defer cancel()
-	recs := waitSettled(sctx, st, all)
+	recs := faultWaitSettled(sctx, st, all)
 	time.Sleep(time.Second)
-	recs = reload(ctx, t, st, all, recs)
+	recs = faultReload(ctx, t, st, all, recs)
 
 	// Which operations a stall past the timeout hit, from the downstream's
 	// own log.
@@ -716,7 +728,7 @@ func TestFaultDownstreamStalls(t *testing.T) {
 	invokes := map[string]int{}
 	for _, r := range w.fake.RequestLog() {
 		for _, op := range all {
-			if !ofOperation(r.IdempotencyKey, op.key) {
+			if !faultOfOperation(r.IdempotencyKey, op.key) {
 				continue
 			}
 			switch r.Route {
@@ -755,7 +767,7 @@ func TestFaultDownstreamStalls(t *testing.T) {
 				"want reconciled (absent) and escalated, not retried"
 		}
 	}
-	judge(ctx, t, f, w, pool, all, recs, expect)
+	faultJudge(ctx, t, f, w, pool, all, recs, expect)
 	f.note("stalled past the timeout per class: %v; releases %d", perClass, w.fake.Releases())
 	for _, c := range events.EffectClasses() {
 		if perClass[c] == 0 {
@@ -779,20 +791,20 @@ func TestFaultDownstreamStalls(t *testing.T) {
 func TestFaultTCPProxy(t *testing.T) {
 	t.Parallel()
 	fake := testenv.NewFakeTool(t)
-	toolProxy := newTCPProxy(t, strings.TrimPrefix(fake.URL, "http://"))
-	pgProxy := newTCPProxy(t, "")
-	brokerProxy := newTCPProxy(t, "")
+	toolProxy := newFaultProxy(t, strings.TrimPrefix(fake.URL, "http://"))
+	pgProxy := newFaultProxy(t, "")
+	brokerProxy := newFaultProxy(t, "")
 	advertised, err := net.ResolveTCPAddr("tcp", brokerProxy.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.ListenFn(func(network, address string) (net.Listener, error) {
-		ln, err := listenLoopback(network, address)
+		ln, err := faultListenLoopback(network, address)
 		if err != nil {
 			return nil, err
 		}
 		brokerProxy.setUpstream(ln.Addr().String())
-		return advertisedListener{Listener: ln, addr: advertised}, nil
+		return faultAdvertisedListener{Listener: ln, addr: advertised}, nil
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -816,23 +828,26 @@ func TestFaultTCPProxy(t *testing.T) {
 	pool := testenv.NewPool(t, w.db)
 	st := store.New(pool)
 	ctx := untilCtx(t, 3*time.Minute)
-	f := &faultFigures{test: "TCP proxy (5ms per chunk on every dependency; connections to each cut 3 times, tool refused 1s)"}
+	f := &faultFigures{test: "TCP proxy (5ms per chunk to PostgreSQL and the broker, 60ms to the tool; each cut 3 times, tool refused 1s)"}
 	proxies := []struct {
 		name string
-		p    *tcpProxy
+		p    *faultProxy
 	}{{"postgres", pgProxy}, {"broker", brokerProxy}, {"tool", toolProxy}}
 	for _, x := range proxies {
 		x.p.setLatency(5 * time.Millisecond)
 	}
+	// Tool calls take a fresh connection each and last milliseconds; with
+	// more latency there a cut can find one mid-request or mid-response.
+	toolProxy.setLatency(60 * time.Millisecond)
 
-	p := startPipeline(t, w, "effectline")
+	p := faultStartPipeline(t, w, "effectline")
 	ops := faultOps("proxy", 36)
-	fed := feed(ctx, t, pool, ops, 150*time.Millisecond)
-	waitFor(t, ctx, "some operations to complete", func() bool { return completedCount(ctx, st, ops) >= 3 })
+	fed := faultFeed(ctx, t, pool, ops, 150*time.Millisecond)
+	waitFor(t, ctx, "some operations to complete", func() bool { return faultCompletedCount(ctx, st, ops) >= 3 })
 	cuts := map[string]int{}
 	for round := range 3 {
 		for _, x := range proxies {
-			cuts[x.name] += x.p.cutAll()
+			cuts[x.name] += x.p.cutWhenActive(2 * time.Second)
 			time.Sleep(400 * time.Millisecond)
 		}
 		if round == 1 {
@@ -842,21 +857,22 @@ func TestFaultTCPProxy(t *testing.T) {
 	<-fed
 	f.note("connections cut: %v", cuts)
 
-	sctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	sctx, cancel := context.WithTimeout(ctx, faultSettleTimeout)
 	defer cancel()
-	recs := waitSettled(sctx, st, ops)
+	recs := faultWaitSettled(sctx, st, ops)
 	time.Sleep(time.Second)
-	recs = reload(ctx, t, st, ops, recs)
-	judge(ctx, t, f, w, pool, ops, recs, nil)
+	recs = faultReload(ctx, t, st, ops, recs)
+	faultJudge(ctx, t, f, w, pool, ops, recs, nil)
+	f.note("%s", faultLogSummary(p))
 	f.report(t)
 	if err := p.stop(15 * time.Second); err != nil {
 		t.Errorf("graceful stop: %v", err)
 	}
 }
 
-// intentsProducer is a sarama producer with effectline's own client
+// faultIntentsProducer is a sarama producer with effectline's own client
 // configuration, so a message lands in the partition the relay would use.
-func intentsProducer(t *testing.T, brokers []string) (sarama.SyncProducer, kafka.Config) {
+func faultIntentsProducer(t *testing.T, brokers []string) (sarama.SyncProducer, kafka.Config) {
 	t.Helper()
 	cfg := kafka.Config{Brokers: brokers, Partitions: 3}.WithDefaults()
 	sc := cfg.Sarama()
@@ -869,9 +885,9 @@ func intentsProducer(t *testing.T, brokers []string) (sarama.SyncProducer, kafka
 	return pr, cfg
 }
 
-// produceIntent publishes raw, an encoded intent.recorded envelope of key,
+// faultProduceIntent publishes raw, an encoded intent.recorded envelope of key,
 // to the intents topic as a non-Go producer would.
-func produceIntent(t *testing.T, pr sarama.SyncProducer, cfg kafka.Config, env events.Envelope, raw []byte) {
+func faultProduceIntent(t *testing.T, pr sarama.SyncProducer, cfg kafka.Config, env events.Envelope, raw []byte) {
 	t.Helper()
 	msg := kafka.ProducerMessage(kafka.Record{Topic: cfg.Topic(events.TopicIntents), Envelope: env, Raw: raw})
 	if _, _, err := pr.SendMessage(msg); err != nil {
@@ -879,8 +895,8 @@ func produceIntent(t *testing.T, pr sarama.SyncProducer, cfg kafka.Config, env e
 	}
 }
 
-// storedIntent returns the intent.recorded envelope of key as journaled.
-func storedIntent(ctx context.Context, t *testing.T, pool *pgxpool.Pool, key string) (events.Envelope, []byte) {
+// faultStoredIntent returns the intent.recorded envelope of key as journaled.
+func faultStoredIntent(ctx context.Context, t *testing.T, pool *pgxpool.Pool, key string) (events.Envelope, []byte) {
 	t.Helper()
 	var raw []byte
 	if err := pool.QueryRow(ctx, `SELECT envelope FROM events WHERE operation_key = $1 AND seq = 1`, key).Scan(&raw); err != nil {
@@ -893,9 +909,9 @@ func storedIntent(ctx context.Context, t *testing.T, pool *pgxpool.Pool, key str
 	return env, raw
 }
 
-// newDirectIntent builds the envelope a non-Go service produces straight to
+// faultDirectIntent builds the envelope a non-Go service produces straight to
 // effectline.intents: intent.recorded with seq 1.
-func newDirectIntent(t *testing.T, op faultOp, i int) (events.Envelope, []byte) {
+func faultDirectIntent(t *testing.T, op faultOp, i int) (events.Envelope, []byte) {
 	t.Helper()
 	in := op.intent(i)
 	env, err := events.New(events.IntentRecorded, op.key, 1, op.tool, op.class, 0,
@@ -922,42 +938,42 @@ func TestFaultEveryIntentDeliveredTwice(t *testing.T) {
 	st := store.New(pool)
 	ctx := untilCtx(t, 3*time.Minute)
 	f := &faultFigures{test: "every intent delivered twice (outbox intents re-produced, direct intents produced twice)"}
-	pr, cfg := intentsProducer(t, w.broker.Addrs)
+	pr, cfg := faultIntentsProducer(t, w.broker.Addrs)
 
-	p := startPipeline(t, w, "effectline")
+	p := faultStartPipeline(t, w, "effectline")
 	viaOutbox := faultOps("twice/outbox", 30)
 	direct := faultOps("twice/direct", 12)
-	<-feed(ctx, t, pool, viaOutbox, 0)
+	<-faultFeed(ctx, t, pool, viaOutbox, 0)
 	produced := 0
 	for i, op := range viaOutbox {
 		if i%2 == 0 { // at once: races the relay's copy
-			env, raw := storedIntent(ctx, t, pool, op.key)
-			produceIntent(t, pr, cfg, env, raw)
+			env, raw := faultStoredIntent(ctx, t, pool, op.key)
+			faultProduceIntent(t, pr, cfg, env, raw)
 			produced++
 		}
 	}
 	for i, op := range direct {
-		env, raw := newDirectIntent(t, op, i)
-		produceIntent(t, pr, cfg, env, raw)
-		produceIntent(t, pr, cfg, env, raw)
+		env, raw := faultDirectIntent(t, op, i)
+		faultProduceIntent(t, pr, cfg, env, raw)
+		faultProduceIntent(t, pr, cfg, env, raw)
 		produced += 2
 	}
 	all := append(append([]faultOp(nil), viaOutbox...), direct...)
-	sctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	sctx, cancel := context.WithTimeout(ctx, faultSettleTimeout)
 	defer cancel()
-	waitSettled(sctx, st, all)
+	faultWaitSettled(sctx, st, all)
 	// The other half after completion: a redelivery long after the fact.
 	for i, op := range viaOutbox {
 		if i%2 == 1 {
-			env, raw := storedIntent(ctx, t, pool, op.key)
-			produceIntent(t, pr, cfg, env, raw)
+			env, raw := faultStoredIntent(ctx, t, pool, op.key)
+			faultProduceIntent(t, pr, cfg, env, raw)
 			produced++
 		}
 	}
-	waitGroupCaughtUp(ctx, t, cfg, "effectline-executor", cfg.Topic(events.TopicIntents))
+	faultWaitGroupCaughtUp(ctx, t, cfg, "effectline-executor", cfg.Topic(events.TopicIntents))
 	time.Sleep(time.Second)
-	recs := reload(ctx, t, st, all, nil)
-	judge(ctx, t, f, w, pool, all, recs, onlyCompleted)
+	recs := faultReload(ctx, t, st, all, nil)
+	faultJudge(ctx, t, f, w, pool, all, recs, faultOnlyCompleted)
 	f.note("%d operations via the outbox, %d produced directly; %d extra copies produced", len(viaOutbox), len(direct), produced-len(direct))
 	for _, op := range all {
 		if rec := recs[op.key]; rec.Evidence != 0 || rec.Attempt != 1 {
@@ -971,9 +987,9 @@ func TestFaultEveryIntentDeliveredTwice(t *testing.T) {
 	}
 }
 
-// waitGroupCaughtUp waits until consumer group has committed offsets at the
+// faultWaitGroupCaughtUp waits until consumer group has committed offsets at the
 // end of every partition of topic.
-func waitGroupCaughtUp(ctx context.Context, t *testing.T, cfg kafka.Config, group, topic string) {
+func faultWaitGroupCaughtUp(ctx context.Context, t *testing.T, cfg kafka.Config, group, topic string) {
 	t.Helper()
 	client, err := sarama.NewClient(cfg.Brokers, cfg.Sarama())
 	if err != nil {
@@ -1030,23 +1046,21 @@ func TestFaultReplayIntentsFromOffsetZero(t *testing.T) {
 	ctx := untilCtx(t, 3*time.Minute)
 	f := &faultFigures{test: "replay from offset 0 (consumer groups deleted after a completed run, binary restarted)"}
 	ops := faultOps("replay", 30)
-	w.fake.Script(testenv.RouteInvoke, testenv.FaultNone, testenv.FaultLoseResponse, testenv.FaultNone, testenv.FaultLoseResponse,
-		testenv.FaultNone, testenv.FaultLoseResponse)
-
-	first := startPipeline(t, w, "effectline (first run)")
-	<-feed(ctx, t, pool, ops, 0)
-	sctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	first := faultStartPipeline(t, w, "effectline (first run)")
+	lose := []testenv.Fault{testenv.FaultLoseResponse, testenv.FaultNone, testenv.FaultLoseResponse}
+	faultFeedPhased(ctx, t, w, pool, ops, []faultPhase{{events.Irreversible, lose}, {events.Compensable, lose}, {events.Idempotent, lose}})
+	sctx, cancel := context.WithTimeout(ctx, faultSettleTimeout)
 	defer cancel()
-	waitSettled(sctx, st, ops)
-	if lag := readModelLag(ctx, t, pool, ops); lag != 0 {
+	faultWaitSettled(sctx, st, ops)
+	if lag := faultReadModelLag(ctx, t, pool, ops); lag != 0 {
 		t.Fatalf("the read model did not converge before the replay")
 	}
 	cfg := kafka.Config{Brokers: w.broker.Addrs, Partitions: 3}.WithDefaults()
-	waitGroupCaughtUp(ctx, t, cfg, "effectline-executor", cfg.Topic(events.TopicIntents))
+	faultWaitGroupCaughtUp(ctx, t, cfg, "effectline-executor", cfg.Topic(events.TopicIntents))
 	if err := first.stop(15 * time.Second); err != nil {
 		t.Fatalf("graceful stop: %v", err)
 	}
-	before := snapshot(ctx, t, w, pool)
+	before := faultTakeSnapshot(ctx, t, w, pool)
 
 	admin, err := sarama.NewClusterAdmin(cfg.Brokers, cfg.Sarama())
 	if err != nil {
@@ -1069,15 +1083,15 @@ func TestFaultReplayIntentsFromOffsetZero(t *testing.T) {
 		}
 	}
 
-	second := startPipeline(t, w, "effectline (replaying)")
-	waitGroupCaughtUp(ctx, t, cfg, "effectline-executor", cfg.Topic(events.TopicIntents))
-	waitGroupCaughtUp(ctx, t, cfg, "effectline-projector", cfg.Topic(events.TopicOutcomes))
-	waitGroupCaughtUp(ctx, t, cfg, "effectline-reconciler", cfg.Topic(events.TopicOutcomes))
+	second := faultStartPipeline(t, w, "effectline (replaying)")
+	faultWaitGroupCaughtUp(ctx, t, cfg, "effectline-executor", cfg.Topic(events.TopicIntents))
+	faultWaitGroupCaughtUp(ctx, t, cfg, "effectline-projector", cfg.Topic(events.TopicOutcomes))
+	faultWaitGroupCaughtUp(ctx, t, cfg, "effectline-reconciler", cfg.Topic(events.TopicOutcomes))
 	time.Sleep(2 * time.Second) // the executor's dispatched advances, the poller, a sweep
-	after := snapshot(ctx, t, w, pool)
+	after := faultTakeSnapshot(ctx, t, w, pool)
 
-	recs := reload(ctx, t, st, ops, nil)
-	judge(ctx, t, f, w, pool, ops, recs, onlyCompleted)
+	recs := faultReload(ctx, t, st, ops, nil)
+	faultJudge(ctx, t, f, w, pool, ops, recs, faultOnlyCompleted)
 	changed := 0
 	for key, b := range before.ops {
 		if a := after.ops[key]; a != b {
@@ -1103,8 +1117,8 @@ func TestFaultReplayIntentsFromOffsetZero(t *testing.T) {
 	}
 }
 
-// runSnapshot is what a replay must leave unchanged.
-type runSnapshot struct {
+// faultSnapshot is what a replay must leave unchanged.
+type faultSnapshot struct {
 	// ops maps each operation to its seq, status and read-model row.
 	ops               map[string]string
 	events            int
@@ -1112,9 +1126,9 @@ type runSnapshot struct {
 	intents, outcomes int64
 }
 
-func snapshot(ctx context.Context, t *testing.T, w *world, pool *pgxpool.Pool) runSnapshot {
+func faultTakeSnapshot(ctx context.Context, t *testing.T, w *world, pool *pgxpool.Pool) faultSnapshot {
 	t.Helper()
-	s := runSnapshot{ops: map[string]string{}}
+	s := faultSnapshot{ops: map[string]string{}}
 	rows, err := pool.Query(ctx, `SELECT o.operation_key, o.seq, o.status, s.last_seq, s.status, s.record::text, s.projected_at
 		FROM operations o JOIN operation_state s USING (operation_key)`)
 	if err != nil {
@@ -1139,12 +1153,12 @@ func snapshot(ctx context.Context, t *testing.T, w *world, pool *pgxpool.Pool) r
 	s.changing = w.fake.Requests(testenv.RouteInvoke) + w.fake.Requests(testenv.RouteCompensate)
 	s.queries = w.fake.Requests(testenv.RouteReconcile)
 	cfg := kafka.Config{Brokers: w.broker.Addrs}.WithDefaults()
-	s.intents = topicSize(t, cfg, cfg.Topic(events.TopicIntents))
-	s.outcomes = topicSize(t, cfg, cfg.Topic(events.TopicOutcomes))
+	s.intents = faultTopicSize(t, cfg, cfg.Topic(events.TopicIntents))
+	s.outcomes = faultTopicSize(t, cfg, cfg.Topic(events.TopicOutcomes))
 	return s
 }
 
-func topicSize(t *testing.T, cfg kafka.Config, topic string) int64 {
+func faultTopicSize(t *testing.T, cfg kafka.Config, topic string) int64 {
 	t.Helper()
 	client, err := sarama.NewClient(cfg.Brokers, cfg.Sarama())
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/cookiejar"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -34,26 +35,26 @@ import (
 // SRE alerts on, and logs (and everything else a human reads) free of
 // credentials and sensitive arguments.
 
-// allComponents is what the observability tests run: one process with
+// obsComponents is what the observability tests run: one process with
 // everything, as `effectline run` does in a small deployment.
-const allComponents = "relay,executor,projector,reconciler,api"
+const obsComponents = "relay,executor,projector,reconciler,api"
 
-// apiListening is the API's start line; its addr attribute is the bound
+// obsAPIListening is the API's start line; its addr attribute is the bound
 // address, which is how a test learns the port of EFFECTLINE_HTTP_ADDR=:0.
-var apiListening = regexp.MustCompile(`"msg":"http api listening".*"addr":"([^"]+)"`)
+var obsAPIListening = regexp.MustCompile(`"msg":"http api listening".*"addr":"([^"]+)"`)
 
-// startAll starts one process running every component with its API on a
+// obsStart starts one process running every component with its API on a
 // free loopback port, and returns it with a client for that API; token is
 // the client's bearer token ("" in open mode).
-func startAll(t *testing.T, name string, env map[string]string, token string) (*proc, *apiClient) {
+func obsStart(t *testing.T, name string, env map[string]string, token string) (*proc, *obsClient) {
 	t.Helper()
-	p := start(t, name, env, "run", "--components", allComponents)
-	m := p.waitLine(apiListening, 60*time.Second)
-	return p, &apiClient{t: t, base: "http://" + m[1], token: token}
+	p := start(t, name, env, "run", "--components", obsComponents)
+	m := p.waitLine(obsAPIListening, 60*time.Second)
+	return p, &obsClient{t: t, base: "http://" + m[1], token: token}
 }
 
-// apiClient calls the binary's HTTP API.
-type apiClient struct {
+// obsClient calls the binary's HTTP API.
+type obsClient struct {
 	t     *testing.T
 	base  string
 	token string // the bearer token, "" in open mode
@@ -61,7 +62,7 @@ type apiClient struct {
 
 // do sends a request and returns the status and body. body is marshalled
 // unless it is already []byte; hdr adds headers.
-func (c *apiClient) do(ctx context.Context, method, path string, body any, hdr http.Header) (int, []byte, error) {
+func (c *obsClient) do(ctx context.Context, method, path string, body any, hdr http.Header) (int, []byte, error) {
 	var rd io.Reader
 	if body != nil {
 		b, ok := body.([]byte)
@@ -98,7 +99,7 @@ func (c *apiClient) do(ctx context.Context, method, path string, body any, hdr h
 }
 
 // postIntent posts an intent and fails the test unless it is accepted.
-func (c *apiClient) postIntent(ctx context.Context, key, toolName string, args any, hdr http.Header) {
+func (c *obsClient) postIntent(ctx context.Context, key, toolName string, args any, hdr http.Header) {
 	c.t.Helper()
 	body := map[string]any{"operation_key": key, "tool": toolName, "args": args}
 	status, b, err := c.do(ctx, http.MethodPost, "/v1/intents", body, hdr)
@@ -108,7 +109,7 @@ func (c *apiClient) postIntent(ctx context.Context, key, toolName string, args a
 }
 
 // operation is the part of GET /v1/operations/{key} the tests read.
-type operation struct {
+type obsOperation struct {
 	OperationKey   string            `json:"operation_key"`
 	Status         events.Status     `json:"status"`
 	Attempt        int               `json:"attempt"`
@@ -117,17 +118,17 @@ type operation struct {
 	raw            []byte
 }
 
-func (c *apiClient) operation(ctx context.Context, key string) (operation, error) {
+func (c *obsClient) operation(ctx context.Context, key string) (obsOperation, error) {
 	status, b, err := c.do(ctx, http.MethodGet, "/v1/operations/"+url.PathEscape(key), nil, nil)
 	if err != nil {
-		return operation{}, err
+		return obsOperation{}, err
 	}
 	if status != http.StatusOK {
-		return operation{}, fmt.Errorf("GET /v1/operations/%s: %d %s", key, status, b)
+		return obsOperation{}, fmt.Errorf("GET /v1/operations/%s: %d %s", key, status, b)
 	}
-	var op operation
+	var op obsOperation
 	if err := json.Unmarshal(b, &op); err != nil {
-		return operation{}, err
+		return obsOperation{}, err
 	}
 	op.raw = b
 	return op, nil
@@ -135,10 +136,10 @@ func (c *apiClient) operation(ctx context.Context, key string) (operation, error
 
 // waitStatus polls the API until the operation reaches want, failing early
 // if it settles in another terminal state.
-func (c *apiClient) waitStatus(ctx context.Context, key string, want events.Status) operation {
+func (c *obsClient) waitStatus(ctx context.Context, key string, want events.Status) obsOperation {
 	c.t.Helper()
 	var (
-		op  operation
+		op  obsOperation
 		err error
 	)
 	for {
@@ -157,11 +158,11 @@ func (c *apiClient) waitStatus(ctx context.Context, key string, want events.Stat
 	}
 }
 
-// agentTracer is the agent's side of the trace: a TracerProvider exporting
+// obsAgentTracer is the agent's side of the trace: a TracerProvider exporting
 // synchronously to endpoint (the test receiver or a real collector) as
 // service "agent", so the root of the operation's trace is in the backend
 // too and the tree has no missing parent.
-func agentTracer(t *testing.T, endpoint string) trace.Tracer {
+func obsAgentTracer(t *testing.T, endpoint string) trace.Tracer {
 	t.Helper()
 	exp, err := otlptracehttp.New(t.Context(), otlptracehttp.WithEndpointURL(endpoint+"/v1/traces"))
 	if err != nil {
@@ -177,16 +178,16 @@ func agentTracer(t *testing.T, endpoint string) trace.Tracer {
 	return tp.Tracer("effectline-observability-test")
 }
 
-// traceparentHeader is the W3C header of the span in ctx.
-func traceparentHeader(ctx context.Context) http.Header {
+// obsTraceparent is the W3C header of the span in ctx.
+func obsTraceparent(ctx context.Context) http.Header {
 	h := http.Header{}
 	propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(h))
 	return h
 }
 
-// traceEnv points the binary's exporter at endpoint with a short batch
+// obsTraceEnv points the binary's exporter at endpoint with a short batch
 // delay, so spans arrive within a tenth of a second of ending.
-func traceEnv(endpoint string) map[string]string {
+func obsTraceEnv(endpoint string) map[string]string {
 	return map[string]string{
 		"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
 		"OTEL_BSP_SCHEDULE_DELAY":     "100",
@@ -196,20 +197,20 @@ func traceEnv(endpoint string) map[string]string {
 	}
 }
 
-// lostResponseScenario is the operation the trace tests follow: an
+// obsLostResponse is the operation the trace tests follow: an
 // irreversible charge whose first (and only) invoke applies the effect and
 // loses the response, so the executor records Unknown and the reconciler
 // asks the downstream, finds the charge, and completes the operation. It
 // returns the agent's span context.
-func lostResponseScenario(t *testing.T, w *world, endpoint, key string) trace.SpanContext {
+func obsLostResponse(t *testing.T, w *world, endpoint, key string) trace.SpanContext {
 	t.Helper()
 	w.fake.Script(testenv.RouteInvoke, testenv.FaultLoseResponse)
-	_, api := startAll(t, "effectline", w.with(traceEnv(endpoint)), "")
+	_, api := obsStart(t, "effectline", w.with(obsTraceEnv(endpoint)), "")
 	ctx := untilCtx(t, 45*time.Second)
 
-	ctx, agent := agentTracer(t, endpoint).Start(ctx, "agent: charge the customer",
+	ctx, agent := obsAgentTracer(t, endpoint).Start(ctx, "agent: charge the customer",
 		trace.WithSpanKind(trace.SpanKindClient))
-	api.postIntent(ctx, key, "payments.charge", map[string]any{"amount": 1200, "currency": "EUR"}, traceparentHeader(ctx))
+	api.postIntent(ctx, key, "payments.charge", map[string]any{"amount": 1200, "currency": "EUR"}, obsTraceparent(ctx))
 	agent.End()
 	api.waitStatus(ctx, key, events.StatusCompleted)
 	if n := w.fake.Requests(testenv.RouteInvoke); n != 1 {
@@ -228,7 +229,7 @@ func TestTraceOfAnOperation(t *testing.T) {
 	recv := telemetry.NewTestReceiver(t)
 	w := newWorld(t)
 	const key = "trace/charge-1"
-	agent := lostResponseScenario(t, w, recv.Endpoint(), key)
+	agent := obsLostResponse(t, w, recv.Endpoint(), key)
 	traceID := agent.TraceID().String()
 
 	// Spans end (and are exported) after the operation's record says
@@ -237,18 +238,18 @@ func TestTraceOfAnOperation(t *testing.T) {
 	var spans []telemetry.Span
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		spans = spansOfTrace(recv.Spans(), traceID)
-		if traceComplete(spans) || time.Now().After(deadline) {
+		spans = obsSpansOfTrace(recv.Spans(), traceID)
+		if obsTraceComplete(spans) || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Logf("trace %s:\n%s", traceID, renderTree(spans))
-	checkOperationTrace(t, spans, agent, key)
+	t.Logf("trace %s:\n%s", traceID, obsRenderTree(spans))
+	obsCheckTrace(t, spans, agent, key)
 }
 
-// spansOfTrace keeps the spans of one trace.
-func spansOfTrace(all []telemetry.Span, traceID string) []telemetry.Span {
+// obsSpansOfTrace keeps the spans of one trace.
+func obsSpansOfTrace(all []telemetry.Span, traceID string) []telemetry.Span {
 	var out []telemetry.Span
 	for _, s := range all {
 		if s.TraceID == traceID {
@@ -258,11 +259,11 @@ func spansOfTrace(all []telemetry.Span, traceID string) []telemetry.Span {
 	return out
 }
 
-// traceComplete reports whether the spans the test asserts on have arrived
+// obsTraceComplete reports whether the spans the test asserts on have arrived
 // and every parent they name is among them.
-func traceComplete(spans []telemetry.Span) bool {
-	if len(findSpans(spans, "reconciliation", nil)) == 0 ||
-		len(findSpans(spans, "relay publish", map[string]string{"effectline.event_type": string(events.ReconciliationResolved)})) == 0 {
+func obsTraceComplete(spans []telemetry.Span) bool {
+	if len(obsFindSpans(spans, "reconciliation", nil)) == 0 ||
+		len(obsFindSpans(spans, "relay publish", map[string]string{"effectline.event_type": string(events.ReconciliationResolved)})) == 0 {
 		return false
 	}
 	ids := map[string]bool{}
@@ -277,8 +278,8 @@ func traceComplete(spans []telemetry.Span) bool {
 	return true
 }
 
-// findSpans returns the spans named name whose attributes include attrs.
-func findSpans(spans []telemetry.Span, name string, attrs map[string]string) []telemetry.Span {
+// obsFindSpans returns the spans named name whose attributes include attrs.
+func obsFindSpans(spans []telemetry.Span, name string, attrs map[string]string) []telemetry.Span {
 	var out []telemetry.Span
 next:
 	for _, s := range spans {
@@ -295,9 +296,9 @@ next:
 	return out
 }
 
-// checkOperationTrace asserts the shape of the lost-response operation's
+// obsCheckTrace asserts the shape of the lost-response operation's
 // trace.
-func checkOperationTrace(t *testing.T, spans []telemetry.Span, agent trace.SpanContext, key string) {
+func obsCheckTrace(t *testing.T, spans []telemetry.Span, agent trace.SpanContext, key string) {
 	t.Helper()
 	byID := map[string]telemetry.Span{}
 	for _, s := range spans {
@@ -305,7 +306,7 @@ func checkOperationTrace(t *testing.T, spans []telemetry.Span, agent trace.SpanC
 	}
 	one := func(name string, attrs map[string]string) (telemetry.Span, bool) {
 		t.Helper()
-		got := findSpans(spans, name, attrs)
+		got := obsFindSpans(spans, name, attrs)
 		if len(got) != 1 {
 			t.Errorf("want exactly one %q span with %v in the trace, got %d", name, attrs, len(got))
 			return telemetry.Span{}, false
@@ -372,7 +373,7 @@ func checkOperationTrace(t *testing.T, spans []telemetry.Span, agent trace.SpanC
 	}
 
 	// Every journaled event is published once, in a producer span.
-	publishes := findSpans(spans, "relay publish", nil)
+	publishes := obsFindSpans(spans, "relay publish", nil)
 	for _, p := range publishes {
 		kind(p, trace.SpanKindProducer)
 		if p.Attributes["effectline.operation_key"] != key || p.Attributes["messaging.system"] != "kafka" {
@@ -388,7 +389,7 @@ func checkOperationTrace(t *testing.T, spans []telemetry.Span, agent trace.SpanC
 		"effectline.event_type": string(events.IntentRecorded), "messaging.destination.name": "effectline.intents"})
 
 	// The one attempt: irreversible, never retried.
-	attempts := findSpans(spans, "attempt", nil)
+	attempts := obsFindSpans(spans, "attempt", nil)
 	if len(attempts) != 1 {
 		t.Errorf("%d attempt spans, want exactly 1 (an irreversible effect is never retried)", len(attempts))
 	}
@@ -439,14 +440,14 @@ func checkOperationTrace(t *testing.T, spans []telemetry.Span, agent trace.SpanC
 			t.Error("the publish of reconciliation.resolved does not descend from the reconciliation")
 		}
 	}
-	if n := len(findSpans(spans, "escalation", nil)); n != 0 {
+	if n := len(obsFindSpans(spans, "escalation", nil)); n != 0 {
 		t.Errorf("%d escalation spans: a found effect needs no human", n)
 	}
 }
 
-// renderTree draws the spans as an indented tree, children in start order,
+// obsRenderTree draws the spans as an indented tree, children in start order,
 // for the test log and the documentation.
-func renderTree(spans []telemetry.Span) string {
+func obsRenderTree(spans []telemetry.Span) string {
 	children := map[string][]telemetry.Span{}
 	ids := map[string]bool{}
 	for _, s := range spans {
@@ -490,9 +491,9 @@ func renderTree(spans []telemetry.Span) string {
 	return b.String()
 }
 
-// writeToolsFile writes a tools file for w's fake downstream and returns its
+// obsToolsFile writes a tools file for w's fake downstream and returns its
 // path.
-func writeToolsFile(t *testing.T, w *world, yaml string) string {
+func obsToolsFile(t *testing.T, w *world, yaml string) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "tools.yaml")
 	if err := os.WriteFile(path, []byte(strings.ReplaceAll(yaml, "URL", w.fake.URL)), 0o600); err != nil {
@@ -509,7 +510,7 @@ func writeToolsFile(t *testing.T, w *world, yaml string) string {
 func TestMetricsAfterAScriptedRun(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	_, api := startAll(t, "effectline", w.with(map[string]string{
+	_, api := obsStart(t, "effectline", w.with(map[string]string{
 		envInsecureOpenAPI: "true", envHTTPAddr: "127.0.0.1:0",
 	}), "")
 	ctx := untilCtx(t, 45*time.Second)
@@ -552,7 +553,7 @@ func TestMetricsAfterAScriptedRun(t *testing.T) {
 	// The counters move as the components journal, a moment after the API
 	// shows the state; scrape until they agree or the deadline passes.
 	var (
-		m    metrics
+		m    obsMetrics
 		errs []string
 	)
 	for {
@@ -607,38 +608,38 @@ func TestMetricsAfterAScriptedRun(t *testing.T) {
 }
 
 // sample is one series of a scrape.
-type sample struct {
+type obsSample struct {
 	name   string
 	labels map[string]string
 	value  float64
 }
 
 // metrics is a parsed scrape in the Prometheus text format.
-type metrics struct {
-	samples []sample
+type obsMetrics struct {
+	samples []obsSample
 	raw     string
 }
 
 var (
-	sampleLine = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)`)
-	labelPair  = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"`)
+	obsSampleLine = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)`)
+	obsLabelPair  = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"`)
 )
 
 // scrape reads /metrics.
-func (c *apiClient) scrape(ctx context.Context) metrics {
+func (c *obsClient) scrape(ctx context.Context) obsMetrics {
 	c.t.Helper()
 	status, b, err := c.do(ctx, http.MethodGet, "/metrics", nil, nil)
 	if err != nil || status != http.StatusOK {
 		c.t.Fatalf("GET /metrics: %d (%v)", status, err)
 	}
-	m := metrics{raw: string(b)}
+	m := obsMetrics{raw: string(b)}
 	for _, line := range strings.Split(m.raw, "\n") {
-		mm := sampleLine.FindStringSubmatch(line)
+		mm := obsSampleLine.FindStringSubmatch(line)
 		if mm == nil {
 			continue
 		}
-		s := sample{name: mm[1], labels: map[string]string{}}
-		for _, lp := range labelPair.FindAllStringSubmatch(mm[2], -1) {
+		s := obsSample{name: mm[1], labels: map[string]string{}}
+		for _, lp := range obsLabelPair.FindAllStringSubmatch(mm[2], -1) {
 			s.labels[lp[1]] = lp[2]
 		}
 		if _, err := fmt.Sscanf(mm[3], "%g", &s.value); err != nil {
@@ -649,8 +650,8 @@ func (c *apiClient) scrape(ctx context.Context) metrics {
 	return m
 }
 
-func (m metrics) matching(name string, labels map[string]string) []sample {
-	var out []sample
+func (m obsMetrics) matching(name string, labels map[string]string) []obsSample {
+	var out []obsSample
 next:
 	for _, s := range m.samples {
 		if s.name != name {
@@ -667,7 +668,7 @@ next:
 }
 
 // sum adds the series of name whose labels include labels.
-func (m metrics) sum(name string, labels map[string]string) float64 {
+func (m obsMetrics) sum(name string, labels map[string]string) float64 {
 	var total float64
 	for _, s := range m.matching(name, labels) {
 		total += s.value
@@ -675,12 +676,12 @@ func (m metrics) sum(name string, labels map[string]string) float64 {
 	return total
 }
 
-func (m metrics) has(name string, labels map[string]string) bool {
+func (m obsMetrics) has(name string, labels map[string]string) bool {
 	return len(m.matching(name, labels)) > 0
 }
 
 // effectline returns the scrape's effectline lines, for failure messages.
-func (m metrics) effectline() string {
+func (m obsMetrics) effectline() string {
 	var b strings.Builder
 	for _, line := range strings.Split(m.raw, "\n") {
 		if strings.Contains(line, "effectline") || strings.HasPrefix(line, "http_") {
@@ -690,11 +691,11 @@ func (m metrics) effectline() string {
 	return b.String()
 }
 
-// secretTools is the tools file of TestLogsNeverContainSecrets: a charge
+// obsSecretTools is the tools file of TestLogsNeverContainSecrets: a charge
 // whose args carry a card number (writeOnly, and named like a secret), a
 // security code marked writeOnly under an innocent name, and an api_key
 // known only by its name.
-const secretTools = `tools:
+const obsSecretTools = `tools:
   - name: payments.charge
     effect: irreversible
     invoke: {method: POST, url: "URL/effects/charges", timeout: 3s}
@@ -731,7 +732,7 @@ func TestLogsNeverContainSecrets(t *testing.T) {
 	recv := telemetry.NewTestReceiver(t)
 	w := newWorld(t)
 	env := w.with(map[string]string{
-		envTools:                      writeToolsFile(t, w, secretTools),
+		envTools:                      obsToolsFile(t, w, obsSecretTools),
 		envLogLevel:                   "debug",
 		envAPITokens:                  principal + "=" + token,
 		envApprovers:                  principal,
@@ -739,7 +740,7 @@ func TestLogsNeverContainSecrets(t *testing.T) {
 		"OTEL_EXPORTER_OTLP_ENDPOINT": recv.Endpoint(),
 		"OTEL_BSP_SCHEDULE_DELAY":     "100",
 	})
-	p, api := startAll(t, "effectline", env, token)
+	p, api := obsStart(t, "effectline", env, token)
 	ctx := untilCtx(t, 45*time.Second)
 	args := map[string]any{"amount": 990, "card_number": card, "security_code": cvc, "api_key": apiKey}
 
@@ -781,7 +782,7 @@ func TestLogsNeverContainSecrets(t *testing.T) {
 		t.Errorf("invalid args: %d %s (%v), want 400", status, b, err)
 	}
 	served = append(served, string(b))
-	wrong := &apiClient{t: t, base: api.base, token: wrongTok}
+	wrong := &obsClient{t: t, base: api.base, token: wrongTok}
 	if status, b, err = wrong.do(ctx, http.MethodGet, "/v1/operations/secrets%2Fsuccess", nil, nil); err != nil || status != http.StatusUnauthorized {
 		t.Errorf("wrong token: %d %s (%v), want 401", status, b, err)
 	}
@@ -818,7 +819,7 @@ func TestLogsNeverContainSecrets(t *testing.T) {
 	// The approval UI, signed in with the token as an approver would: the
 	// queue (with the escalated charge and its evidence) and every
 	// operation's page.
-	ui := uiBrowser(t, api.base)
+	ui := obsUIBrowser(t, api.base)
 	served = append(served, ui.post(ctx, "/ui/login", url.Values{"token": {wrongTok}}))
 	served = append(served, ui.post(ctx, "/ui/login", url.Values{"token": {token}}))
 	queue := ui.get(ctx, "/ui/")
@@ -863,40 +864,40 @@ func TestLogsNeverContainSecrets(t *testing.T) {
 
 	for _, secret := range secrets {
 		if i := strings.Index(output, secret); i >= 0 {
-			t.Errorf("the process output contains %q: …%s…", secret, excerpt(output, i))
+			t.Errorf("the process output contains %q: …%s…", secret, obsExcerpt(output, i))
 		}
 		if i := strings.Index(spans.String(), secret); i >= 0 {
-			t.Errorf("an exported span contains %q: …%s…", secret, excerpt(spans.String(), i))
+			t.Errorf("an exported span contains %q: …%s…", secret, obsExcerpt(spans.String(), i))
 		}
 		for _, body := range served {
 			if i := strings.Index(body, secret); i >= 0 {
-				t.Errorf("an API or UI answer contains %q: …%s…", secret, excerpt(body, i))
+				t.Errorf("an API or UI answer contains %q: …%s…", secret, obsExcerpt(body, i))
 			}
 		}
 	}
 }
 
-// excerpt is up to 150 bytes of s around i, for failure messages.
-func excerpt(s string, i int) string {
+// obsExcerpt is up to 150 bytes of s around i, for failure messages.
+func obsExcerpt(s string, i int) string {
 	return s[max(i-150, 0):min(i+150, len(s))]
 }
 
 // browser is an HTTP client with a cookie jar, for the approval UI.
-type browser struct {
+type obsBrowser struct {
 	t      *testing.T
 	base   string
 	client *http.Client
 }
 
-func uiBrowser(t *testing.T, base string) *browser {
+func obsUIBrowser(t *testing.T, base string) *obsBrowser {
 	jar, err := cookiejar.New(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &browser{t: t, base: base, client: &http.Client{Jar: jar, Timeout: 10 * time.Second}}
+	return &obsBrowser{t: t, base: base, client: &http.Client{Jar: jar, Timeout: 10 * time.Second}}
 }
 
-func (b *browser) get(ctx context.Context, path string) string {
+func (b *obsBrowser) get(ctx context.Context, path string) string {
 	b.t.Helper()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.base+path, nil)
 	if err != nil {
@@ -907,7 +908,7 @@ func (b *browser) get(ctx context.Context, path string) string {
 
 // post submits a form as the login page does (no CSRF token: the login
 // form is guarded by the origin check, which a same-origin post passes).
-func (b *browser) post(ctx context.Context, path string, form url.Values) string {
+func (b *obsBrowser) post(ctx context.Context, path string, form url.Values) string {
 	b.t.Helper()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.base+path, strings.NewReader(form.Encode()))
 	if err != nil {
@@ -917,7 +918,7 @@ func (b *browser) post(ctx context.Context, path string, form url.Values) string
 	return b.send(req, 0)
 }
 
-func (b *browser) send(req *http.Request, want int) string {
+func (b *obsBrowser) send(req *http.Request, want int) string {
 	b.t.Helper()
 	resp, err := b.client.Do(req)
 	if err != nil {
@@ -932,4 +933,168 @@ func (b *browser) send(req *http.Request, want int) string {
 		b.t.Errorf("%s %s: %d, want %d:\n%s", req.Method, req.URL.Path, resp.StatusCode, want, body)
 	}
 	return string(body)
+}
+
+// TestTraceInJaeger runs TestTraceOfAnOperation's scenario against a real
+// Jaeger and reads the trace back through its query API, checking the same
+// tree. It runs only when EFFECTLINE_JAEGER_URL names Jaeger's query/UI
+// base URL (scripts/jaeger.sh start, then
+// EFFECTLINE_JAEGER_URL=http://127.0.0.1:16686); spans go to
+// OTEL_EXPORTER_OTLP_ENDPOINT, default http://127.0.0.1:4318. CI runs
+// TestTraceOfAnOperation with the in-process receiver instead: building
+// Jaeger cold takes about 16 minutes.
+func TestTraceInJaeger(t *testing.T) {
+	jaeger := strings.TrimRight(os.Getenv("EFFECTLINE_JAEGER_URL"), "/")
+	if jaeger == "" {
+		t.Skip("set EFFECTLINE_JAEGER_URL (e.g. http://127.0.0.1:16686 after scripts/jaeger.sh start) to run against Jaeger")
+	}
+	endpoint := os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+	if endpoint == "" {
+		endpoint = "http://127.0.0.1:4318"
+	}
+	t.Parallel()
+	w := newWorld(t)
+	key := fmt.Sprintf("jaeger/charge-%d", time.Now().UnixNano())
+	agent := obsLostResponse(t, w, endpoint, key)
+	traceID := agent.TraceID().String()
+
+	// Jaeger batches before it stores: poll until the trace is whole.
+	var (
+		spans []telemetry.Span
+		err   error
+	)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		spans, err = obsJaegerTrace(t.Context(), jaeger, traceID)
+		if (err == nil && obsTraceComplete(spans)) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("reading trace %s from Jaeger: %v", traceID, err)
+	}
+	t.Logf("%s/trace/%s:\n%s", jaeger, traceID, obsRenderTree(spans))
+	obsCheckTrace(t, spans, agent, key)
+}
+
+// obsJaegerTrace reads one trace from Jaeger's query API (GET
+// /api/traces/{id}, the UI's JSON) as telemetry.Spans: the parent is the
+// first CHILD_OF reference, the kind the span.kind tag (absent: internal),
+// the status the otel.status_code tag.
+func obsJaegerTrace(ctx context.Context, base, traceID string) ([]telemetry.Span, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/api/traces/"+traceID, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return nil, nil // not stored yet
+	}
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return nil, fmt.Errorf("GET /api/traces/%s: %s %s", traceID, resp.Status, b)
+	}
+	var body struct {
+		Data []struct {
+			Spans []struct {
+				TraceID       string `json:"traceID"`
+				SpanID        string `json:"spanID"`
+				OperationName string `json:"operationName"`
+				ProcessID     string `json:"processID"`
+				References    []struct {
+					RefType string `json:"refType"`
+					SpanID  string `json:"spanID"`
+				} `json:"references"`
+				Tags []struct {
+					Key   string `json:"key"`
+					Value any    `json:"value"`
+				} `json:"tags"`
+			} `json:"spans"`
+			Processes map[string]struct {
+				ServiceName string `json:"serviceName"`
+			} `json:"processes"`
+		} `json:"data"`
+	}
+	dec := json.NewDecoder(resp.Body)
+	dec.UseNumber() // integer tags print as the receiver prints them
+	if err := dec.Decode(&body); err != nil {
+		return nil, err
+	}
+	// Jaeger prints ids without leading zeros.
+	pad := func(id string, n int) string { return strings.Repeat("0", max(n-len(id), 0)) + id }
+	var out []telemetry.Span
+	for _, tr := range body.Data {
+		for _, s := range tr.Spans {
+			span := telemetry.Span{
+				TraceID: pad(s.TraceID, 32), SpanID: pad(s.SpanID, 16), Name: s.OperationName,
+				Kind: "internal", StatusCode: "Unset", Attributes: map[string]string{},
+				Service: tr.Processes[s.ProcessID].ServiceName,
+			}
+			for _, r := range s.References {
+				if r.RefType == "CHILD_OF" {
+					span.ParentSpanID = pad(r.SpanID, 16)
+					break
+				}
+			}
+			for _, tag := range s.Tags {
+				v := fmt.Sprint(tag.Value)
+				switch tag.Key {
+				case "span.kind":
+					span.Kind = v
+				case "otel.status_code":
+					if c, ok := map[string]string{"ERROR": "Error", "OK": "Ok"}[v]; ok {
+						span.StatusCode = c
+					}
+				case "otel.status_description":
+					span.StatusMessage = v
+				default:
+					span.Attributes[tag.Key] = v
+				}
+			}
+			out = append(out, span)
+		}
+	}
+	return out, nil
+}
+
+// TestTraceFromJaegerJSON checks obsJaegerTrace's reading of Jaeger's query
+// API on a canned answer, so TestTraceInJaeger, which CI skips, does not rot
+// unnoticed.
+func TestTraceFromJaegerJSON(t *testing.T) {
+	t.Parallel()
+	const answer = `{"data":[{"traceID":"4176ad5a5f1989376c17da0296edd1","spans":[
+	  {"traceID":"4176ad5a5f1989376c17da0296edd1","spanID":"a1e5a8cf4511f43","operationName":"attempt","processID":"p1",
+	   "references":[{"refType":"FOLLOWS_FROM","traceID":"x","spanID":"ffffffffffffffff"},
+	                 {"refType":"CHILD_OF","traceID":"4176ad5a5f1989376c17da0296edd1","spanID":"6791cff795a54c8b"}],
+	   "tags":[{"key":"span.kind","type":"string","value":"client"},{"key":"effectline.attempt","type":"int64","value":1},
+	           {"key":"otel.status_code","type":"string","value":"ERROR"},{"key":"otel.status_description","type":"string","value":"unknown outcome: eof"}]},
+	  {"traceID":"4176ad5a5f1989376c17da0296edd1","spanID":"6791cff795a54c8b","operationName":"escalation","processID":"p1",
+	   "references":[],"tags":[]}],
+	 "processes":{"p1":{"serviceName":"effectline","tags":[]}}}]}`
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/api/traces/004176ad5a5f1989376c17da0296edd1" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = io.WriteString(w, answer)
+	}))
+	defer srv.Close()
+	spans, err := obsJaegerTrace(t.Context(), srv.URL, "004176ad5a5f1989376c17da0296edd1")
+	if err != nil || len(spans) != 2 {
+		t.Fatalf("obsJaegerTrace: %d spans, %v", len(spans), err)
+	}
+	a, e := spans[0], spans[1]
+	if a.TraceID != "004176ad5a5f1989376c17da0296edd1" || a.SpanID != "0a1e5a8cf4511f43" || a.ParentSpanID != "6791cff795a54c8b" ||
+		a.Kind != "client" || a.StatusCode != "Error" || a.StatusMessage != "unknown outcome: eof" ||
+		a.Attributes["effectline.attempt"] != "1" || a.Service != "effectline" {
+		t.Errorf("attempt span = %+v", a)
+	}
+	if e.ParentSpanID != "" || e.Kind != "internal" || e.StatusCode != "Unset" {
+		t.Errorf("escalation span = %+v", e)
+	}
 }

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// tcpProxy is a fault-injecting TCP proxy for the end-to-end fault tests:
+// faultProxy is a fault-injecting TCP proxy for the end-to-end fault tests:
 // it stands between effectline and one dependency (PostgreSQL, the broker,
 // the tool) and can add latency, cut every connection at once, and refuse
 // new connections for a while.
@@ -17,7 +17,7 @@ import (
 // tests need fit in a page, and toxiproxy's server would pull a sizable
 // dependency tree (and a go.mod change other engineers' work would have to
 // merge with) into the module for tests alone.
-type tcpProxy struct {
+type faultProxy struct {
 	t    testing.TB
 	addr string // the address clients dial; stable across Refuse
 
@@ -33,16 +33,16 @@ type tcpProxy struct {
 	cut      atomic.Int64
 }
 
-// newTCPProxy listens on a random loopback port and forwards to upstream,
+// newFaultProxy listens on a random loopback port and forwards to upstream,
 // which may be set later with setUpstream (the broker's listener exists only
 // once kfake creates it). It is closed when the test finishes.
-func newTCPProxy(t testing.TB, upstream string) *tcpProxy {
+func newFaultProxy(t testing.TB, upstream string) *faultProxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("proxy: %v", err)
 	}
-	p := &tcpProxy{t: t, addr: ln.Addr().String(), ln: ln, upstream: upstream, conns: map[net.Conn]bool{}}
+	p := &faultProxy{t: t, addr: ln.Addr().String(), ln: ln, upstream: upstream, conns: map[net.Conn]bool{}}
 	p.wg.Add(1)
 	go p.serve(ln)
 	t.Cleanup(p.close)
@@ -50,16 +50,16 @@ func newTCPProxy(t testing.TB, upstream string) *tcpProxy {
 }
 
 // Addr is the address clients dial.
-func (p *tcpProxy) Addr() string { return p.addr }
+func (p *faultProxy) Addr() string { return p.addr }
 
-func (p *tcpProxy) setUpstream(addr string) {
+func (p *faultProxy) setUpstream(addr string) {
 	p.mu.Lock()
 	p.upstream = addr
 	p.mu.Unlock()
 }
 
 // setLatency delays every chunk forwarded, in both directions, by d.
-func (p *tcpProxy) setLatency(d time.Duration) {
+func (p *faultProxy) setLatency(d time.Duration) {
 	p.mu.Lock()
 	p.latency = d
 	p.mu.Unlock()
@@ -68,7 +68,7 @@ func (p *tcpProxy) setLatency(d time.Duration) {
 // cutAll closes every connection through the proxy now, both sides, as a
 // crashed middlebox or a restarted server would. It returns how many client
 // connections it cut.
-func (p *tcpProxy) cutAll() int {
+func (p *faultProxy) cutAll() int {
 	p.mu.Lock()
 	conns := make([]net.Conn, 0, len(p.conns))
 	clients := 0
@@ -86,10 +86,34 @@ func (p *tcpProxy) cutAll() int {
 	return clients
 }
 
+// active returns how many client connections are open through the proxy.
+func (p *faultProxy) active() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, client := range p.conns {
+		if client {
+			n++
+		}
+	}
+	return n
+}
+
+// cutWhenActive waits up to d for a connection to be open, then cuts all:
+// for a dependency whose connections are short-lived (an HTTP tool without
+// keep-alives), a cut at a random moment would usually find none.
+func (p *faultProxy) cutWhenActive(d time.Duration) int {
+	deadline := time.Now().Add(d)
+	for p.active() == 0 && time.Now().Before(deadline) {
+		time.Sleep(2 * time.Millisecond)
+	}
+	return p.cutAll()
+}
+
 // refuse closes the listener for d, so new connections are refused
 // (ECONNREFUSED) as by a server that is down, then listens again on the same
 // address. Established connections are left alone; cut them with cutAll.
-func (p *tcpProxy) refuse(d time.Duration) {
+func (p *faultProxy) refuse(d time.Duration) {
 	p.mu.Lock()
 	ln := p.ln
 	p.ln = nil
@@ -119,7 +143,7 @@ func (p *tcpProxy) refuse(d time.Duration) {
 	go p.serve(ln)
 }
 
-func (p *tcpProxy) close() {
+func (p *faultProxy) close() {
 	p.mu.Lock()
 	p.closed = true
 	ln := p.ln
@@ -131,7 +155,7 @@ func (p *tcpProxy) close() {
 	p.wg.Wait()
 }
 
-func (p *tcpProxy) serve(ln net.Listener) {
+func (p *faultProxy) serve(ln net.Listener) {
 	defer p.wg.Done()
 	for {
 		c, err := ln.Accept()
@@ -145,7 +169,7 @@ func (p *tcpProxy) serve(ln net.Listener) {
 }
 
 // track registers c, or reports false when the proxy is closing.
-func (p *tcpProxy) track(c net.Conn, client bool) bool {
+func (p *faultProxy) track(c net.Conn, client bool) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -155,14 +179,14 @@ func (p *tcpProxy) track(c net.Conn, client bool) bool {
 	return true
 }
 
-func (p *tcpProxy) untrack(c net.Conn) {
+func (p *faultProxy) untrack(c net.Conn) {
 	p.mu.Lock()
 	delete(p.conns, c)
 	p.mu.Unlock()
 	_ = c.Close()
 }
 
-func (p *tcpProxy) handle(client net.Conn) {
+func (p *faultProxy) handle(client net.Conn) {
 	defer p.wg.Done()
 	p.mu.Lock()
 	upstream := p.upstream
@@ -193,7 +217,7 @@ func (p *tcpProxy) handle(client net.Conn) {
 }
 
 // pipe copies src to dst chunk by chunk, each delayed by the latency.
-func (p *tcpProxy) pipe(dst, src net.Conn) {
+func (p *faultProxy) pipe(dst, src net.Conn) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
@@ -214,12 +238,12 @@ func (p *tcpProxy) pipe(dst, src net.Conn) {
 	}
 }
 
-// advertisedListener is a listener whose Addr is another address: kfake
+// faultAdvertisedListener is a listener whose Addr is another address: kfake
 // advertises its listener's address to clients in metadata, so wrapping it
 // makes clients reconnect through the proxy rather than around it.
-type advertisedListener struct {
+type faultAdvertisedListener struct {
 	net.Listener
 	addr net.Addr
 }
 
-func (l advertisedListener) Addr() net.Addr { return l.addr }
+func (l faultAdvertisedListener) Addr() net.Addr { return l.addr }

@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -193,11 +194,11 @@ func (m *LagMonitor) measure(ctx context.Context, client sarama.Client, admin sa
 			return nil, fmt.Errorf("partitions of %s: %w", gt.Topic, err)
 		}
 		resp, err := admin.ListConsumerGroupOffsets(gt.Group, map[string][]int32{gt.Topic: parts})
-		if err != nil {
+		// A group that has never committed is, to Kafka, a group with no
+		// offsets; some brokers (kfake) say it does not exist instead.
+		noGroup := errors.Is(err, sarama.ErrGroupIDNotFound)
+		if err != nil && !noGroup {
 			return nil, fmt.Errorf("offsets of group %s: %w", gt.Group, err)
-		}
-		if resp.Err != sarama.ErrNoError {
-			return nil, fmt.Errorf("offsets of group %s: %w", gt.Group, resp.Err)
 		}
 		var lag int64
 		for _, p := range parts {
@@ -206,7 +207,11 @@ func (m *LagMonitor) measure(ctx context.Context, client sarama.Client, admin sa
 				return nil, fmt.Errorf("high-water mark of %s/%d: %w", gt.Topic, p, err)
 			}
 			committed := int64(-1)
-			if b := resp.GetBlock(gt.Topic, p); b != nil {
+			var b *sarama.OffsetFetchResponseBlock
+			if !noGroup && resp != nil {
+				b = resp.GetBlock(gt.Topic, p)
+			}
+			if b != nil {
 				if b.Err != sarama.ErrNoError {
 					return nil, fmt.Errorf("offset of group %s on %s/%d: %w", gt.Group, gt.Topic, p, b.Err)
 				}
