@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -122,17 +123,14 @@ func newFaultWorld(t *testing.T, o faultWorldOptions) *world {
 		t.Fatal(err)
 	}
 	w.env = map[string]string{
-		envDatabaseURL:     dbURL,
-		envKafkaBrokers:    strings.Join(brokers, ","),
-		envTools:           tools,
-		envKafkaPartitions: "3",
-		envExecutorLease:   "2s",
-		envSweepInterval:   "200ms",
-		envShutdownGrace:   "3s",
-		envLogLevel:        "info",
-		// Not the default 127.0.0.1:8080: processes of parallel tests
-		// would fight over it for their health endpoint.
-		envHTTPAddr:                      "127.0.0.1:0",
+		envDatabaseURL:                   dbURL,
+		envKafkaBrokers:                  strings.Join(brokers, ","),
+		envTools:                         tools,
+		envKafkaPartitions:               "3",
+		envExecutorLease:                 "2s",
+		envSweepInterval:                 "200ms",
+		envShutdownGrace:                 "3s",
+		envLogLevel:                      "info",
 		"EFFECTLINE_TEST_CONTEXT_MARKER": t.Name(),
 	}
 	migrate := start(t, "migrate", w.env, "migrate")
@@ -153,12 +151,14 @@ func faultStartPipeline(t *testing.T, w *world, name string) *proc {
 	return p
 }
 
-// faultFeed appends the intents of ops with outbox.Append, one transaction each,
-// every `every`, retrying each until it commits: under a database fault a
-// commit may fail or its answer be lost, and Append of the same intent
-// again is a no-op, which is exactly what an agent service would do.
-func faultFeed(ctx context.Context, t *testing.T, pool *pgxpool.Pool, ops []faultOp, every time.Duration) <-chan struct{} {
-	done := make(chan struct{})
+// faultFeed appends the intents of ops with outbox.Append, one transaction
+// each, every `every`, retrying each until it commits: under a database
+// fault a commit may fail or its answer be lost, and Append of the same
+// intent again is a no-op, which is exactly what an agent service would do.
+// The channel yields nil once every intent is in, or the last error if ctx
+// ended first; wait for it with faultFed.
+func faultFeed(ctx context.Context, pool *pgxpool.Pool, ops []faultOp, every time.Duration) <-chan error {
+	done := make(chan error, 1)
 	go func() {
 		defer close(done)
 		for i, op := range ops {
@@ -172,7 +172,7 @@ func faultFeed(ctx context.Context, t *testing.T, pool *pgxpool.Pool, ops []faul
 					break
 				}
 				if ctx.Err() != nil {
-					t.Errorf("appending %s: %v", op.key, err)
+					done <- fmt.Errorf("appending %s: %w", op.key, err)
 					return
 				}
 				time.Sleep(backoff)
@@ -182,8 +182,17 @@ func faultFeed(ctx context.Context, t *testing.T, pool *pgxpool.Pool, ops []faul
 				time.Sleep(every)
 			}
 		}
+		done <- nil
 	}()
 	return done
+}
+
+// faultFed waits for a faultFeed to finish.
+func faultFed(t *testing.T, fed <-chan error) {
+	t.Helper()
+	if err := <-fed; err != nil {
+		t.Fatal(err)
+	}
 }
 
 // faultSettled reports whether nothing more happens to an operation without a
@@ -225,8 +234,11 @@ type faultFigures struct {
 	readModel           int // operations whose read model did not converge
 	applied, released   int
 	invokes             int
-	states              map[events.Status]int
-	notes               []string
+	// What the pipeline did to get there: attempts beyond the first,
+	// undone attempts, and late outcomes kept as evidence.
+	retries, undos, late int
+	states               map[events.Status]int
+	notes                []string
 }
 
 func (f *faultFigures) note(format string, args ...any) {
@@ -243,10 +255,10 @@ func (f *faultFigures) report(t *testing.T) {
 	t.Helper()
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "\n%s\n", f.test)
-	fmt.Fprintf(&sb, "%5s %6s %5s %6s %9s %9s %7s %8s %8s  %s\n",
-		"ops", "dups", "lost", "wrong", "irrev.re", "readmodel", "applied", "released", "invokes", "final states")
-	fmt.Fprintf(&sb, "%5d %6d %5d %6d %9d %9d %7d %8d %8d  %v\n", f.ops, f.duplicates, f.lost, f.wrongState,
-		f.retriedIrreversible, f.readModel, f.applied, f.released, f.invokes, f.states)
+	fmt.Fprintf(&sb, "%5s %6s %5s %6s %9s %9s | %7s %8s %8s %7s %5s %4s  %s\n",
+		"ops", "dups", "lost", "wrong", "irrev.re", "readmodel", "applied", "released", "invokes", "retries", "undos", "late", "final states")
+	fmt.Fprintf(&sb, "%5d %6d %5d %6d %9d %9d | %7d %8d %8d %7d %5d %4d  %v\n", f.ops, f.duplicates, f.lost, f.wrongState,
+		f.retriedIrreversible, f.readModel, f.applied, f.released, f.invokes, f.retries, f.undos, f.late, f.states)
 	for _, n := range f.notes {
 		fmt.Fprintf(&sb, "  %s\n", n)
 	}
@@ -308,6 +320,9 @@ func faultJudge(ctx context.Context, t *testing.T, f *faultFigures, w *world, po
 			continue
 		}
 		f.states[rec.Status]++
+		f.retries += max(rec.Attempt-1, 0)
+		f.undos += rec.Compensations
+		f.late += rec.Evidence
 		if !faultSettled(rec.Status) || rec.Status == events.StatusEscalated && op.class != events.Irreversible {
 			// Escalated idempotent or compensable operations count as
 			// lost: nothing called for a human.
@@ -464,7 +479,8 @@ func (b *faultBroker) stop() {
 func TestFaultBrokerRestart(t *testing.T) {
 	t.Parallel()
 	b := newFaultBroker(t)
-	w := newFaultWorld(t, faultWorldOptions{brokers: []string{b.addr()}})
+	w := newFaultWorld(t, faultWorldOptions{brokers: []string{b.addr()}, fakeOpts: []testenv.FakeOption{
+		testenv.WithDefaultFault(testenv.FaultStall(100*time.Millisecond), testenv.RouteInvoke)}})
 	pool := testenv.NewPool(t, w.db)
 	st := store.New(pool)
 	ctx := untilCtx(t, 3*time.Minute)
@@ -472,7 +488,7 @@ func TestFaultBrokerRestart(t *testing.T) {
 
 	p := faultStartPipeline(t, w, "effectline")
 	ops := faultOps("broker", 45)
-	fed := faultFeed(ctx, t, pool, ops, 100*time.Millisecond)
+	fed := faultFeed(ctx, pool, ops, 100*time.Millisecond)
 
 	waitFor(t, ctx, "a third of the operations to complete", func() bool { return faultCompletedCount(ctx, st, ops) >= len(ops)/3 })
 	down := time.Now()
@@ -480,8 +496,13 @@ func TestFaultBrokerRestart(t *testing.T) {
 	f.note("broker stopped with %d of %d operations completed", faultCompletedCount(ctx, st, ops), len(ops))
 	time.Sleep(5 * time.Second)
 	b.start()
-	f.note("broker restarted after %s", time.Since(down).Round(100*time.Millisecond))
-	<-fed
+	up := time.Now()
+	var during int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM operations WHERE created_at BETWEEN $1 AND $2`, down, up).Scan(&during); err != nil {
+		t.Fatal(err)
+	}
+	f.note("broker restarted after %s; %d intents were appended while it was down", up.Sub(down).Round(100*time.Millisecond), during)
+	faultFed(t, fed)
 
 	sctx, cancel := context.WithTimeout(ctx, faultSettleTimeout)
 	defer cancel()
@@ -497,27 +518,35 @@ func TestFaultBrokerRestart(t *testing.T) {
 	}
 }
 
-// faultLogSummary counts the warnings and errors p logged: the evidence that a
-// fault was felt, not slept through.
+// faultLogSummary counts the warnings and errors p logged, by message: the
+// evidence that a fault was felt, not slept through.
 func faultLogSummary(p *proc) string {
-	warn, errs := 0, 0
-	var sample string
+	msg := regexp.MustCompile(`"level":"(WARN|ERROR)","msg":"([^"]*)"`)
+	counts := map[string]int{}
 	for _, line := range strings.Split(p.output(), "\n") {
-		switch {
-		case strings.Contains(line, `"level":"WARN"`) || strings.Contains(line, "level=WARN"):
-			warn++
-		case strings.Contains(line, `"level":"ERROR"`) || strings.Contains(line, "level=ERROR"):
-			errs++
-			if sample == "" {
-				sample = line
-			}
+		if m := msg.FindStringSubmatch(line); m != nil {
+			counts[m[1]+" "+m[2]]++
 		}
 	}
-	return fmt.Sprintf("%s logged %d warnings, %d errors %s", p.name, warn, errs, sample)
+	keys := make([]string, 0, len(counts))
+	for k := range counts {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		return counts[keys[i]] > counts[keys[j]] || counts[keys[i]] == counts[keys[j]] && keys[i] < keys[j]
+	})
+	if len(keys) > 4 {
+		keys = keys[:4]
+	}
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%dx %s", counts[k], k)
+	}
+	return fmt.Sprintf("%s logged (most frequent): %s", p.name, strings.Join(parts, "; "))
 }
 
-// faultOnlyCompleted is the faultExpectation when the downstream is healthy: every
-// request reaches it, so every operation completes.
+// faultOnlyCompleted is the expectation when the downstream is healthy:
+// every request reaches it, so every operation completes.
 func faultOnlyCompleted(_ faultOp, rec events.Operation) (bool, string) {
 	return rec.Status == events.StatusCompleted, "want completed"
 }
@@ -573,11 +602,15 @@ func faultReload(ctx context.Context, t *testing.T, st *store.Store, ops []fault
 // test alone.
 func TestFaultPostgresRestart(t *testing.T) {
 	t.Parallel()
-	w := newFaultWorld(t, faultWorldOptions{})
+	// Every call takes 150ms, so the outage finds calls in flight whose
+	// outcomes must wait for the database, and leases (2s) that cannot be
+	// renewed while it is down.
+	w := newFaultWorld(t, faultWorldOptions{fakeOpts: []testenv.FakeOption{
+		testenv.WithDefaultFault(testenv.FaultStall(150*time.Millisecond), testenv.RouteInvoke)}})
 	pool := testenv.NewPool(t, w.db)
 	st := store.New(pool)
 	ctx := untilCtx(t, 3*time.Minute)
-	f := &faultFigures{test: "PostgreSQL restart (every backend of the database terminated 4 times, connections refused 3s once)"}
+	f := &faultFigures{test: "PostgreSQL restart (every backend of the database terminated 10 times in 4s, then refused 3s, then 2 more; calls take 150ms)"}
 	db := faultDatabaseName(t, w.db)
 	admin, err := pgx.Connect(ctx, testenv.DatabaseURL())
 	if err != nil {
@@ -606,21 +639,25 @@ func TestFaultPostgresRestart(t *testing.T) {
 
 	p := faultStartPipeline(t, w, "effectline")
 	ops := faultOps("postgres", 45)
-	fed := faultFeed(ctx, t, pool, ops, 120*time.Millisecond)
+	fed := faultFeed(ctx, pool, ops, 120*time.Millisecond)
 
 	waitFor(t, ctx, "some operations to complete", func() bool { return faultCompletedCount(ctx, st, ops) >= 5 })
 	first := time.Now()
-	for i := range 3 {
+	for range 10 {
 		terminate()
-		time.Sleep(time.Duration(700+300*i) * time.Millisecond)
+		time.Sleep(400 * time.Millisecond)
 	}
 	// The restart proper: refuse, kill what is connected, stay down 3s.
 	allow(false)
 	terminate()
 	time.Sleep(3 * time.Second)
 	allow(true)
+	for range 2 {
+		time.Sleep(500 * time.Millisecond)
+		terminate()
+	}
 	f.note("%d backends terminated over %s, connections refused for 3s", terminated, time.Since(first).Round(100*time.Millisecond))
-	<-fed
+	faultFed(t, fed)
 
 	sctx, cancel := context.WithTimeout(ctx, faultSettleTimeout)
 	defer cancel()
@@ -687,7 +724,7 @@ func faultFeedPhased(ctx context.Context, t *testing.T, w *world, pool *pgxpool.
 			}
 		}
 		w.fake.Script(testenv.RouteInvoke, ph.faults...)
-		<-faultFeed(ctx, t, pool, mine, 0)
+		faultFed(t, faultFeed(ctx, pool, mine, 0))
 		waitFor(t, ctx, "the first attempts of the "+string(ph.class)+" operations", func() bool { return invokesOf(mine) >= len(mine) })
 	}
 }
@@ -842,7 +879,7 @@ func TestFaultTCPProxy(t *testing.T) {
 
 	p := faultStartPipeline(t, w, "effectline")
 	ops := faultOps("proxy", 36)
-	fed := faultFeed(ctx, t, pool, ops, 150*time.Millisecond)
+	fed := faultFeed(ctx, pool, ops, 150*time.Millisecond)
 	waitFor(t, ctx, "some operations to complete", func() bool { return faultCompletedCount(ctx, st, ops) >= 3 })
 	cuts := map[string]int{}
 	for round := range 3 {
@@ -854,7 +891,7 @@ func TestFaultTCPProxy(t *testing.T) {
 			toolProxy.refuse(time.Second)
 		}
 	}
-	<-fed
+	faultFed(t, fed)
 	f.note("connections cut: %v", cuts)
 
 	sctx, cancel := context.WithTimeout(ctx, faultSettleTimeout)
@@ -943,7 +980,7 @@ func TestFaultEveryIntentDeliveredTwice(t *testing.T) {
 	p := faultStartPipeline(t, w, "effectline")
 	viaOutbox := faultOps("twice/outbox", 30)
 	direct := faultOps("twice/direct", 12)
-	<-faultFeed(ctx, t, pool, viaOutbox, 0)
+	faultFed(t, faultFeed(ctx, pool, viaOutbox, 0))
 	produced := 0
 	for i, op := range viaOutbox {
 		if i%2 == 0 { // at once: races the relay's copy
@@ -975,6 +1012,33 @@ func TestFaultEveryIntentDeliveredTwice(t *testing.T) {
 	recs := faultReload(ctx, t, st, all, nil)
 	faultJudge(ctx, t, f, w, pool, all, recs, faultOnlyCompleted)
 	f.note("%d operations via the outbox, %d produced directly; %d extra copies produced", len(viaOutbox), len(direct), produced-len(direct))
+	// Every copy of a key must sit in the partition the relay used, or
+	// per-key order (and so the dedup above) would rest on luck.
+	// The relay also publishes the intents the executor journaled for the
+	// direct messages (the store's outbox sends every intent.recorded to the
+	// intents topic): a third, harmless copy of each.
+	copies := w.broker.ReadAll(t, cfg.Topic(events.TopicIntents), len(viaOutbox)+produced+len(direct), 30*time.Second)
+	partsOf := map[string]map[int32]int{}
+	for _, r := range copies {
+		if partsOf[string(r.Key)] == nil {
+			partsOf[string(r.Key)] = map[int32]int{}
+		}
+		partsOf[string(r.Key)][r.Partition]++
+	}
+	split := 0
+	for _, op := range all {
+		n := 0
+		for _, c := range partsOf[op.key] {
+			n += c
+		}
+		if len(partsOf[op.key]) != 1 || n < 2 {
+			split++
+			t.Errorf("%s: copies per partition %v, want at least 2, all in one partition", op.key, partsOf[op.key])
+		}
+	}
+	f.wrongState += split
+	f.note("intents topic holds %d messages (%d from the relay); keys whose copies all share a partition: %d of %d",
+		len(copies), len(copies)-produced, len(all)-split, len(all))
 	for _, op := range all {
 		if rec := recs[op.key]; rec.Evidence != 0 || rec.Attempt != 1 {
 			f.wrongState++
