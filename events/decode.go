@@ -76,6 +76,11 @@ func Decode(b []byte) (Envelope, error) {
 	if err := strictUnmarshal(b, &w); err != nil {
 		return Envelope{}, invalid("", "%v", err)
 	}
+	return w.validate()
+}
+
+// validate applies every rule of the contract to a parsed envelope.
+func (w wireEnvelope) validate() (Envelope, error) {
 	switch {
 	case w.EventID == nil || *w.EventID == "":
 		return Envelope{}, invalid("event_id", "missing")
@@ -412,7 +417,16 @@ func Encode(e Envelope) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encoding %s event: %w", e.Type, err)
 	}
-	if _, err := Decode(b); err != nil {
+	// Validated with Decode's rules, without parsing the bytes just made.
+	if len(b) > MaxEnvelopeBytes {
+		return nil, invalid("", "event is %d bytes, over the %d byte limit", len(b), MaxEnvelopeBytes)
+	}
+	w := wireEnvelope{EventID: &e.EventID, Type: &e.Type, OperationKey: &e.OperationKey, Seq: &e.Seq,
+		OccurredAt: &e.OccurredAt, Tool: &e.Tool, EffectClass: &e.EffectClass, Data: e.Data}
+	if e.Attempt != 0 {
+		w.Attempt = &e.Attempt
+	}
+	if _, err := w.validate(); err != nil {
 		return nil, err
 	}
 	return b, nil

@@ -282,8 +282,19 @@ func faultCompletedOrAbsent(op faultOp, rec events.Operation) (bool, string) {
 			return false, "escalated for another reason than an absent effect"
 		}
 		return true, ""
+	case rec.Status == events.StatusFailed && neverSent[rec.LastErrorClass]:
+		// The downstream refused every attempt before the request left
+		// (the proxy refusing connections): confirmed no effect, retries
+		// exhausted within the caps. That is a correct "failed".
+		return true, ""
 	}
-	return false, "want completed (or escalated, irreversible and absent)"
+	return false, "want completed (or escalated, irreversible and absent, or failed never sent)"
+}
+
+// neverSent are the error classes of a request that provably never left.
+var neverSent = map[string]bool{
+	"connection_refused": true, "dial": true, "dns": true, "tls_handshake": true,
+	"timeout_before_send": true, "canceled_before_send": true,
 }
 
 // faultJudge computes the figures of a run from the records, the downstream's
