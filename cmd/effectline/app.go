@@ -114,7 +114,12 @@ func newApp(ctx context.Context, o appOptions) (*app, error) {
 		}
 	}
 	a.store = store.New(a.pool)
-	a.committer = a.store.NewCommitter(store.CommitterConfig{})
+	// One flusher: every commit waits for its WAL flush anyway, so a second
+	// transaction in flight mostly splits what would have been one batch.
+	// Measured with `effectline bench -rate 500`: 1.09 synchronous commits
+	// per operation with one flusher, 1.24 with two, 1.94 with four, at the
+	// same latency (docs/benchmarks.md).
+	a.committer = a.store.NewCommitter(store.CommitterConfig{Flushers: 1})
 	a.tools = o.tools
 	if a.tools == nil {
 		switch {
