@@ -197,6 +197,37 @@ type AppendResult struct {
 // fails every step. Two steps from the same base of one operation may share
 // a batch: the second conflicts, as it would in its own transaction.
 func (s *Store) AppendBatch(ctx context.Context, as []Append) []AppendResult {
+	// One round trip: a pipelined batch ending in a single Sync runs as one
+	// implicit transaction, so the steps commit together or not at all,
+	// without the two extra round trips of BEGIN and COMMIT.
+	res, err := appendBatch(ctx, s.pool, as)
+	if err != nil {
+		for i := range res {
+			if res[i].Err == nil {
+				res[i] = AppendResult{Err: err}
+			}
+		}
+		return res
+	}
+	s.commits.Add(1)
+	s.appended()
+	return res
+}
+
+// AppendBatchTx writes many steps inside the caller's transaction,
+// pipelined in one round trip. Each step succeeds or conflicts on its own
+// (a *ConflictError in its result). An error of the statement stream as a
+// whole is returned as err; the transaction is then aborted and the caller
+// must roll back.
+func AppendBatchTx(ctx context.Context, tx pgx.Tx, as []Append) ([]AppendResult, error) {
+	return appendBatch(ctx, tx, as)
+}
+
+type batchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+func appendBatch(ctx context.Context, q batchSender, as []Append) ([]AppendResult, error) {
 	res := make([]AppendResult, len(as))
 	ps := make([]prepared, len(as))
 	var b pgx.Batch
@@ -210,38 +241,34 @@ func (s *Store) AppendBatch(ctx context.Context, as []Append) []AppendResult {
 		b.Queue(p.sql, p.args...)
 	}
 	if b.Len() == 0 {
-		return res
+		return res, nil
 	}
-	counts := make([]int64, len(as))
-	// One round trip: a pipelined batch ending in a single Sync runs as one
-	// implicit transaction, so the steps commit together or not at all,
-	// without the two extra round trips of BEGIN and COMMIT.
-	err := func() error {
-		br := s.pool.SendBatch(ctx, &b)
-		for i := range as {
-			if res[i].Err != nil {
-				continue
-			}
-			if err := br.QueryRow().Scan(&counts[i]); err != nil {
-				_ = br.Close()
-				return fmt.Errorf("append to %s: %w", ps[i].key, interpretError(err))
-			}
-		}
-		return br.Close()
-	}()
+	br := q.SendBatch(ctx, &b)
 	for i := range as {
 		if res[i].Err != nil {
 			continue
 		}
-		if err != nil {
-			res[i].Err = err
-			continue
+		var count int64
+		if err := br.QueryRow().Scan(&count); err != nil {
+			_ = br.Close()
+			return clearDone(res, ps), fmt.Errorf("append to %s: %w", ps[i].key, interpretError(err))
 		}
-		res[i].Op, res[i].Err = ps[i].result(counts[i])
+		res[i].Op, res[i].Err = ps[i].result(count)
 	}
-	if err == nil {
-		s.commits.Add(1)
-		s.appended()
+	if err := br.Close(); err != nil {
+		return clearDone(res, ps), fmt.Errorf("appending %d steps: %w", b.Len(), interpretError(err))
+	}
+	return res, nil
+}
+
+// clearDone forgets the results of the steps that were sent, when the batch
+// as a whole failed: none of them committed. Steps refused before sending
+// keep their own error.
+func clearDone(res []AppendResult, ps []prepared) []AppendResult {
+	for i := range res {
+		if ps[i].sql != "" {
+			res[i] = AppendResult{}
+		}
 	}
 	return res
 }

@@ -38,7 +38,16 @@ func loadWith(ctx context.Context, q querier, key string) (events.Operation, err
 
 // LoadMany returns the head records of the operations that exist among keys.
 func (s *Store) LoadMany(ctx context.Context, keys []string) (map[string]events.Operation, error) {
-	rows, err := s.pool.Query(ctx, `SELECT record FROM operations WHERE operation_key = ANY($1)`, keys)
+	return loadMany(ctx, s.pool, keys)
+}
+
+// LoadManyTx is LoadMany inside the caller's transaction.
+func LoadManyTx(ctx context.Context, tx pgx.Tx, keys []string) (map[string]events.Operation, error) {
+	return loadMany(ctx, tx, keys)
+}
+
+func loadMany(ctx context.Context, q querier, keys []string) (map[string]events.Operation, error) {
+	rows, err := q.Query(ctx, `SELECT record FROM operations WHERE operation_key = ANY($1)`, keys)
 	if err != nil {
 		return nil, fmt.Errorf("loading %d operations: %w", len(keys), interpretError(err))
 	}
