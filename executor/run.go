@@ -10,6 +10,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/metrics"
 	"github.com/effectline/effectline/internal/policy"
 	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/internal/tool"
@@ -226,9 +227,7 @@ func (e *Executor) heartbeat(ctx context.Context, op events.Operation) (stop fun
 // afterOutcome schedules the next step in this process when it is due soon;
 // the poller is the safety net if this process dies first.
 func (e *Executor) afterOutcome(ctx context.Context, op events.Operation) {
-	if op.Status.Terminal() {
-		e.tel.recordTerminal(ctx, op, e.cfg.Now())
-	}
+	metrics.RecordSettled(ctx, e.tel.e2e, op)
 	if op.Status != events.StatusPending || op.DueAt == nil {
 		return
 	}

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/internal/metrics"
 	"github.com/effectline/effectline/internal/tool"
 )
 
@@ -64,9 +65,7 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry,
 		metric.WithDescription("Intents produced straight to Kafka and journaled by the executor.")); err != nil {
 		return nil, err
 	}
-	if t.e2e, err = m.Float64Histogram("effectline.operation.duration", metric.WithUnit("s"),
-		metric.WithDescription("From the intent to a terminal state."),
-		metric.WithExplicitBucketBoundaries(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)); err != nil {
+	if t.e2e, err = metrics.OperationDuration(m); err != nil {
 		return nil, err
 	}
 	if t.callTime, err = m.Float64Histogram("effectline.call.duration", metric.WithUnit("s"),
@@ -132,13 +131,8 @@ func (t *telemetry) recordJournal(ctx context.Context, op events.Operation, st s
 	kind := map[stepKind]string{stepJournal: "journal", stepAttempt: "attempt", stepCompensate: "compensation"}[st.kind]
 	t.journaled.Add(ctx, 1, metric.WithAttributes(attribute.String("kind", kind)))
 	if op.Status.Terminal() {
-		t.recordTerminal(ctx, op, op.UpdatedAt)
+		metrics.RecordSettled(ctx, t.e2e, op)
 	}
-}
-
-func (t *telemetry) recordTerminal(ctx context.Context, op events.Operation, now time.Time) {
-	t.e2e.Record(ctx, now.Sub(op.CreatedAt).Seconds(), metric.WithAttributes(
-		attribute.String("tool", op.Tool), attribute.String("status", string(op.Status))))
 }
 
 func (t *telemetry) malformed(ctx context.Context)       { t.bad.Add(ctx, 1) }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/metrics"
 	"github.com/effectline/effectline/internal/store"
 )
 
@@ -127,7 +128,7 @@ func Decide(ctx context.Context, st *store.Store, key string, action events.Acti
 	if err != nil {
 		return events.Operation{}, err
 	}
-	settled, err := newOperationDuration(o.mp.Meter(instrumentation))
+	settled, err := metrics.OperationDuration(o.mp.Meter(instrumentation))
 	if err != nil {
 		return events.Operation{}, err
 	}
@@ -182,7 +183,7 @@ func Decide(ctx context.Context, st *store.Store, key string, action events.Acti
 			return op, retErr
 		}
 		decisions.Add(ctx, 1, metric.WithAttributes(attribute.String("tool", op.Tool), attribute.String("action", string(action))))
-		recordSettled(ctx, settled, next)
+		metrics.RecordSettled(ctx, settled, next)
 		return next, nil
 	}
 	retErr = fmt.Errorf("recording the decision on %s: lost the append race too many times", key)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/metrics"
 	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/internal/tool"
 )
@@ -138,7 +139,7 @@ func (r *Reconciler) reconcileJob(ctx context.Context, key, traceparent string, 
 			endSpan(escSpan, err)
 		}
 		if err == nil {
-			recordSettled(ctx, r.tel.e2e, next)
+			metrics.RecordSettled(ctx, r.tel.e2e, next)
 			r.log.InfoContext(ctx, "operation reconciled", "operation_key", op.Key, "tool", op.Tool,
 				"answer", ans.Answer, "rule", v.rule, "status", next.Status)
 			if v.escalation != nil {

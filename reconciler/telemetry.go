@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/internal/metrics"
 	"github.com/effectline/effectline/internal/tool"
 )
 
@@ -67,32 +68,10 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry,
 		metric.WithDescription("Inbound callbacks, by source and result.")); err != nil {
 		return nil, err
 	}
-	if t.e2e, err = newOperationDuration(m); err != nil {
+	if t.e2e, err = metrics.OperationDuration(m); err != nil {
 		return nil, err
 	}
 	return t, nil
-}
-
-// newOperationDuration is the end-to-end latency histogram, for the
-// operations the reconciler, a webhook or an approver brings to a terminal
-// state. The executor records the ones it settles in an instrument of the
-// same name, description, unit and buckets (executor/telemetry.go), so
-// /metrics serves one family, effectline_operation_duration_seconds, with
-// each package's series told apart by otel_scope_name.
-func newOperationDuration(m metric.Meter) (metric.Float64Histogram, error) {
-	return m.Float64Histogram("effectline.operation.duration", metric.WithUnit("s"),
-		metric.WithDescription("From the intent to a terminal state."),
-		metric.WithExplicitBucketBoundaries(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
-}
-
-// recordSettled records the end-to-end latency of an operation that an
-// append of this package made terminal.
-func recordSettled(ctx context.Context, h metric.Float64Histogram, next events.Operation) {
-	if !next.Status.Terminal() {
-		return
-	}
-	h.Record(ctx, max(next.UpdatedAt.Sub(next.CreatedAt), 0).Seconds(), metric.WithAttributes(
-		attribute.String("tool", next.Tool), attribute.String("status", string(next.Status))))
 }
 
 func opAttrs(op events.Operation) []attribute.KeyValue {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/metrics"
 	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/internal/tool"
 )
@@ -207,7 +208,7 @@ func (w *Webhooks) Handle(ctx context.Context, source string, headers http.Heade
 	case res.Applied:
 		w.store.NotifyAppended()
 		w.count(ctx, source, "applied")
-		recordSettled(ctx, w.tel.e2e, res.settled)
+		metrics.RecordSettled(ctx, w.tel.e2e, res.settled)
 	default:
 		w.count(ctx, source, "ignored")
 	}
