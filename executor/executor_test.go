@@ -577,3 +577,46 @@ func TestLateOutcomeIsEvidence(t *testing.T) {
 }
 
 var _ = http.StatusOK
+
+// TestHeartbeatKeepsALongCallsLease: a call longer than the lease renews it,
+// so the reconciler's sweep never sees it expire, and the call's outcome is
+// journaled as the attempt's own (not late).
+func TestHeartbeatKeepsALongCallsLease(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	release := make(chan struct{})
+	gt := tool.NewGoTool(tool.Spec{Name: "slow.export", Effect: events.Irreversible, Timeout: 10 * time.Second},
+		func(ctx context.Context, c tool.Call) (json.RawMessage, error) {
+			select {
+			case <-release:
+				return json.RawMessage(`{"id":"exp_1"}`), nil
+			case <-ctx.Done():
+				return nil, tool.Unknown(ctx.Err())
+			}
+		})
+	if err := e.tools.Register(gt); err != nil {
+		t.Fatal(err)
+	}
+	e.start(func(c *executor.Config) { c.Lease = 600 * time.Millisecond })
+	e.produce("long", "slow.export", events.Irreversible, `{}`)
+	op := e.waitStatus("long", events.StatusInProgress)
+	claimed := *op.LeaseUntil
+	// Wait well past the first lease; the heartbeat (every lease/3) must
+	// have moved the lease column forward and kept it in the future.
+	var renewed time.Time
+	e.waitFor("long", "its lease renewed past three leases", func(events.Operation) bool {
+		if err := e.store.Pool().QueryRow(context.Background(),
+			`SELECT lease_until FROM operations WHERE operation_key = 'long'`).Scan(&renewed); err != nil {
+			t.Fatal(err)
+		}
+		return renewed.After(claimed.Add(1800 * time.Millisecond))
+	})
+	if keys, err := e.store.ExpiredLeases(context.Background(), time.Now(), 10); err != nil || len(keys) != 0 {
+		t.Fatalf("expired leases during a live call: %v %v", keys, err)
+	}
+	close(release)
+	done := e.waitStatus("long", events.StatusCompleted)
+	if done.Attempt != 1 || done.Evidence != 0 {
+		t.Fatalf("attempts %d evidence %d, want one attempt and no late report", done.Attempt, done.Evidence)
+	}
+}
