@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -33,6 +34,12 @@ type benchConfig struct {
 	concurrency int // agent transactions in flight (flat out)
 	timeout     time.Duration
 	keep        bool
+	// via is how intents come in: "outbox" (an agent's own transactions)
+	// or "http" (POST /v1/intents, group-committed with the executor's
+	// appends).
+	via     string
+	apiBase string
+	client  *http.Client
 }
 
 // runBench drives N intents through the whole pipeline in one process — an
@@ -50,6 +57,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs.IntVar(&bc.concurrency, "concurrency", 8, "agent transactions in flight (flat out)")
 	fs.DurationVar(&bc.timeout, "timeout", 5*time.Minute, "give up waiting after this long")
 	fs.BoolVar(&bc.keep, "keep", false, "keep the benchmark database")
+	fs.StringVar(&bc.via, "via", "outbox", "how intents come in: outbox (the agent's transactions) or http (POST /v1/intents)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -65,8 +73,8 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if bc.n <= 0 || bc.batch <= 0 || bc.concurrency <= 0 || bc.rate < 0 {
-		return fmt.Errorf("%w: -n, -batch and -concurrency must be positive, -rate not negative", errUsage)
+	if bc.n <= 0 || bc.batch <= 0 || bc.concurrency <= 0 || bc.rate < 0 || (bc.via != "outbox" && bc.via != "http") {
+		return fmt.Errorf("%w: -n, -batch and -concurrency must be positive, -rate not negative, -via outbox or http", errUsage)
 	}
 	cfg, err := configFromEnv(getenv)
 	if err != nil {
@@ -104,8 +112,11 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	cfg.HTTPAddr = "127.0.0.1:0"
 	comps := []string{componentRelay, componentExecutor, componentProjector, componentReconciler}
+	if bc.via == "http" {
+		comps = append(comps, componentAPI)
+	}
 	a, err := newApp(ctx, appOptions{cfg: cfg, stdout: stderr, getenv: getenv, components: comps,
-		migrate: true, tools: reg, service: "effectline-bench"})
+		migrate: true, tools: reg, service: "effectline-bench", open: true})
 	if err != nil {
 		return err
 	}
@@ -117,6 +128,10 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		a.close(ctx)
 		return err
+	}
+	if a.api != nil {
+		bc.apiBase = "http://" + a.api.Addr()
+		bc.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -131,8 +146,12 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	if bc.rate > 0 {
 		mode = fmt.Sprintf("%d/s", bc.rate)
 	}
-	fmt.Fprintf(stdout, "bench: %d operations, %s, intents in batches of %d through the outbox, tool %s\n",
-		bc.n, mode, bc.effectiveBatch(), sink.url)
+	if bc.via == "http" {
+		fmt.Fprintf(stdout, "bench: %d operations, %s, intents one per POST /v1/intents, tool %s\n", bc.n, mode, sink.url)
+	} else {
+		fmt.Fprintf(stdout, "bench: %d operations, %s, intents in batches of %d through the outbox, tool %s\n",
+			bc.n, mode, bc.effectiveBatch(), sink.url)
+	}
 	committed := make([]time.Time, bc.n)
 	var agentCommits atomic.Int64
 	start := time.Now()
@@ -274,6 +293,18 @@ func (bc benchConfig) load(ctx context.Context, a *app, committed []time.Time, c
 				Args: json.RawMessage(fmt.Sprintf(`{"amount":%d,"currency":"EUR"}`, 100+i%900)), Principal: "bench-agent",
 			})
 		}
+		if bc.via == "http" {
+			errs := make(chan error, len(ins))
+			for j, in := range ins {
+				go func() { errs <- bc.post(ctx, in, &committed[lo+j]) }()
+			}
+			for range ins {
+				if err := <-errs; err != nil {
+					return false, err
+				}
+			}
+			return hi < bc.n, nil
+		}
 		err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
 			_, err := outbox.AppendMany(ctx, tx, ins)
 			return err
@@ -339,6 +370,30 @@ func (bc benchConfig) load(ctx context.Context, a *app, committed []time.Time, c
 	wg.Wait()
 	close(errs)
 	return <-errs
+}
+
+// post submits one intent through the API; its 202 means it is committed.
+func (bc benchConfig) post(ctx context.Context, in outbox.Intent, committed *time.Time) error {
+	body, err := json.Marshal(map[string]any{"operation_key": in.OperationKey, "tool": in.Tool, "args": in.Args})
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, bc.apiBase+"/v1/intents", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := bc.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if resp.StatusCode != http.StatusAccepted {
+		return fmt.Errorf("POST /v1/intents for %s: %s", in.OperationKey, resp.Status)
+	}
+	*committed = time.Now()
+	return nil
 }
 
 func progress(w io.Writer, done, total int, took time.Duration) {
