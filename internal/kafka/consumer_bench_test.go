@@ -88,7 +88,6 @@ func BenchmarkConsumers(b *testing.B) {
 	}
 }
 
-
 func produce(b *testing.B, cfg kafka.Config, topic string, n int) {
 	b.Helper()
 	p, err := sarama.NewSyncProducer(cfg.Brokers, cfg.Sarama())
