@@ -135,16 +135,16 @@ func TestOutOfOrderAndDuplicateDeliveryConverges(t *testing.T) {
 	h.waitSeqs(map[string]int64{key: 7})
 	h.assertMatchesReplay(key)
 
-	// How the ten messages split into applied and skipped
-	// depends on how they were batched (a batch is folded in seq order), but
-	// every one is handled once and the three repeats are always skipped.
+	// How the ten messages split into applied and skipped depends on how
+	// they were batched (a batch is folded in seq order); every one is
+	// handled, and the row converges (asserted above).
 	waitUntil(t, "every message to be handled", func() bool {
 		// A message that fills a gap counts as applied too.
 		return run.count(t, projector.OutcomeApplied)+run.count(t, projector.OutcomeSkipped) == int64(len(order))
 	})
-	if got := run.count(t, projector.OutcomeSkipped); got < 3 {
-		t.Errorf("skipped = %d, want at least the 3 repeats", got)
-	}
+	// How many count as skipped is not fixed either: two flushers may fold
+	// the same new operation at once (there is no row to lock yet), and the
+	// upsert's last_seq guard keeps the later one from going backwards.
 }
 
 // An operation whose only delivered event is its last gets its whole
