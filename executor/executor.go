@@ -16,11 +16,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/internal/tool"
@@ -180,33 +180,17 @@ func New(st *store.Store, tools Tools, cfg Config) (*Executor, error) {
 func (e *Executor) Run(ctx context.Context) error {
 	// The committer outlives the intake so outcomes of calls still in flight
 	// at shutdown are journaled.
-	commitCtx, stopCommitter := context.WithCancel(context.WithoutCancel(ctx))
-	committerDone := make(chan error, 1)
-	if e.committer == nil {
-		e.committer = e.store.NewCommitter(store.CommitterConfig{})
-		go func() { committerDone <- e.committer.Run(commitCtx) }()
-	} else {
-		committerDone <- nil
-	}
-	defer func() {
-		stopCommitter()
-		<-committerDone
-	}()
-
-	sub, err := kafka.NewSubscriber(e.cfg.Kafka, e.cfg.Group, e.cfg.Logger)
-	if err != nil {
-		return fmt.Errorf("executor: %w", err)
-	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, kafka.WatermillLogger(e.cfg.Logger))
-	if err != nil {
-		return fmt.Errorf("executor: %w", err)
-	}
-	router.AddConsumerHandler("executor", e.cfg.Kafka.Topic("intents"), sub, e.handleIntent)
+	committer, stopCommitter := e.store.CommitterOrOwn(ctx, e.cfg.Committer)
+	e.committer = committer
+	defer stopCommitter()
 
 	intakeCtx, stopIntake := context.WithCancel(ctx)
 	defer stopIntake()
-	routerDone := make(chan error, 1)
-	go func() { routerDone <- router.Run(intakeCtx) }()
+	intake, err := kafka.StartConsumer(intakeCtx, e.cfg.Kafka, "executor", e.cfg.Group,
+		e.cfg.Kafka.Topic(events.TopicIntents), e.handleIntent, e.cfg.Logger)
+	if err != nil {
+		return fmt.Errorf("executor: %w", err)
+	}
 	pollDone := make(chan struct{})
 	go func() { defer close(pollDone); e.poll(intakeCtx) }()
 
@@ -214,19 +198,12 @@ func (e *Executor) Run(ctx context.Context) error {
 	var runErr error
 	select {
 	case <-ctx.Done():
-	case runErr = <-routerDone:
-		// The router stops by itself only when its subscriber failed.
-		if runErr == nil {
-			runErr = errors.New("executor: intent consumer stopped")
-		}
-		stopIntake()
+	case <-intake.Stopped():
+		runErr = intake.Err()
 	}
-	_ = router.Close()
-	if runErr == nil {
-		<-routerDone
-	}
+	stopIntake()
+	intake.Close()
 	<-pollDone
-	_ = sub.Close()
 	e.drain(ctx)
 	e.log.Info("executor stopped")
 	return runErr

@@ -25,7 +25,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -229,38 +228,22 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	}
 	// The committer outlives the intake and the workers, so a decision
 	// taken just before shutdown is still journaled.
-	commitCtx, stopCommitter := context.WithCancel(context.WithoutCancel(ctx))
-	committerDone := make(chan error, 1)
-	r.committer = r.cfg.Committer
-	if r.committer == nil {
-		r.committer = r.store.NewCommitter(store.CommitterConfig{})
-		go func() { committerDone <- r.committer.Run(commitCtx) }()
-	} else {
-		committerDone <- nil
-	}
-	defer func() {
-		stopCommitter()
-		<-committerDone
-	}()
-
-	sub, err := kafka.NewSubscriber(r.cfg.Kafka, r.cfg.Group, r.cfg.Logger)
-	if err != nil {
-		return fmt.Errorf("reconciler: %w", err)
-	}
-	defer func() { _ = sub.Close() }()
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, kafka.WatermillLogger(r.cfg.Logger))
-	if err != nil {
-		return fmt.Errorf("reconciler: %w", err)
-	}
-	router.AddConsumerHandler("reconciler", r.cfg.Kafka.Topic(events.TopicOutcomes), sub, r.handleOutcome)
+	committer, stopCommitter := r.store.CommitterOrOwn(ctx, r.cfg.Committer)
+	r.committer = committer
+	defer stopCommitter()
 
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	r.work = newPool(r.cfg.Concurrency, r.reconcileJob)
 	poolDone := make(chan struct{})
 	go func() { defer close(poolDone); r.work.run(runCtx) }()
-	routerDone := make(chan error, 1)
-	go func() { routerDone <- router.Run(runCtx) }()
+	intake, err := kafka.StartConsumer(runCtx, r.cfg.Kafka, "reconciler", r.cfg.Group,
+		r.cfg.Kafka.Topic(events.TopicOutcomes), r.handleOutcome, r.cfg.Logger)
+	if err != nil {
+		stop()
+		<-poolDone
+		return fmt.Errorf("reconciler: %w", err)
+	}
 	sweepDone := make(chan struct{})
 	go func() { defer close(sweepDone); r.sweepLoop(runCtx) }()
 
@@ -268,17 +251,11 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	var runErr error
 	select {
 	case <-ctx.Done():
-	case runErr = <-routerDone:
-		// The router stops by itself only when its subscriber failed.
-		if runErr == nil {
-			runErr = errors.New("reconciler: outcome consumer stopped")
-		}
+	case <-intake.Stopped():
+		runErr = intake.Err()
 	}
 	stop()
-	_ = router.Close()
-	if runErr == nil {
-		<-routerDone
-	}
+	intake.Close()
 	<-sweepDone
 	<-poolDone
 	r.log.Info("reconciler stopped")

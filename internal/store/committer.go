@@ -161,3 +161,19 @@ func (c *Committer) Append(ctx context.Context, a Append) (events.Operation, err
 		}
 	}
 }
+
+// CommitterOrOwn returns shared when a process shares one committer among
+// its components; otherwise it starts one of its own. stop ends an own
+// committer (after its last batch) and does nothing for a shared one. The
+// own committer runs on a context detached from ctx, so outcomes journaled
+// during a component's shutdown still commit.
+func (s *Store) CommitterOrOwn(ctx context.Context, shared *Committer) (c *Committer, stop func()) {
+	if shared != nil {
+		return shared, func() {}
+	}
+	c = s.NewCommitter(CommitterConfig{})
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(runCtx) }()
+	return c, func() { cancel(); <-done }
+}
