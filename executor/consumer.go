@@ -5,32 +5,52 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/IBM/sarama"
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/store"
 )
 
-// handleIntent handles one message of the intents topic. It returns (and so
-// acknowledges the message) once the intent is known to be journaled; the
-// claim and the call run on, off the partition. watermill-kafka hands over
-// one message per partition at a time, so waiting here for the claim's
-// commit would make every partition a serial queue of commits. Acking
-// before the claim is safe because the intent is durable: if this process
-// dies first, the due-time poller runs the intent after IntentPickupGrace.
-// An error leaves the message unacknowledged, to be redelivered: that
-// happens only when the store is unreachable, when nothing could progress
-// anyway.
-func (e *Executor) handleIntent(msg *message.Message) error {
-	ctx := msg.Context()
-	env, err := events.Decode(msg.Payload)
+// handleBatch handles the intent messages of one partition that were
+// fetched together, concurrently, and returns once every one of them is
+// safe to leave behind: its first step is claimed (or its intent at least
+// journaled). Their claims share the committer's group commits, so a
+// partition is not a serial queue of commits, and the offsets are committed
+// only for intents that are durable. An error hands the batch over again,
+// which is harmless: a claimed operation is found moved on and skipped.
+func (e *Executor) handleBatch(ctx context.Context, msgs []*sarama.ConsumerMessage) error {
+	errs := make(chan error, len(msgs))
+	for _, m := range msgs {
+		go func() { errs <- e.handleIntent(ctx, m) }()
+	}
+	var first error
+	for range msgs {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// handleIntent handles one message of the intents topic. The operation
+// usually stands exactly at the intent this message carries (the outbox or
+// the API journaled it, the relay published it), so the first step is
+// decided from the message alone and claimed on condition that the
+// journaled intent is this very event: one write, no read. Anything else (a
+// redelivery of an operation already under way, an intent produced straight
+// to Kafka and not yet journaled, another payload under the same key) makes
+// that claim conflict, and the slow path reads the head and decides from
+// what is journaled. An error leaves the batch uncommitted, to be handed
+// over again: that happens only when the store is unreachable.
+func (e *Executor) handleIntent(ctx context.Context, msg *sarama.ConsumerMessage) error {
+	env, err := events.Decode(msg.Value)
 	if err != nil {
 		// A malformed message can never become valid: record it and move
 		// on, so it does not block the partition. Its payload is not logged.
 		e.tel.malformed(ctx)
 		e.log.WarnContext(ctx, "rejected a malformed intent message",
-			"kafka_key", msg.Metadata.Get(kafka.MetadataKey), "error", err)
+			"kafka_key", string(msg.Key), "partition", msg.Partition, "offset", msg.Offset, "error", err)
 		return nil
 	}
 	if env.Type != events.IntentRecorded {
@@ -39,35 +59,31 @@ func (e *Executor) handleIntent(msg *message.Message) error {
 			"operation_key", env.OperationKey, "event_type", env.Type)
 		return nil
 	}
-	ctx = kafka.ContextWithTraceparent(ctx, kafka.TraceparentOf(msg))
-	op, fresh, err := e.ensureIntent(ctx, env, kafka.TraceparentOf(msg))
-	if err != nil {
+	traceparent := kafka.HeaderValue(msg.Headers, kafka.HeaderTraceparent)
+	ctx = kafka.ContextWithTraceparent(ctx, traceparent)
+	if op, err := events.Apply(events.Operation{}, env); err == nil {
+		// Until the claim commits it is unknown whether the intent is
+		// journaled at all, so any error but the conflict keeps the message.
+		if err := e.advance(ctx, op, advanceFromIntent(env.EventID)); !errors.Is(err, errNotThisIntent) {
+			return err
+		}
+	}
+	op, fresh, err := e.ensureIntent(ctx, env, traceparent)
+	if err != nil || !fresh {
 		return err
 	}
-	if !fresh {
-		return nil
-	}
-	e.dispatch(kafka.ContextWithTraceparent(e.callCtx, kafka.TraceparentOf(msg)), op)
-	return nil
+	return e.advanceError(ctx, env.OperationKey, e.advance(ctx, op, advanceImmediate))
 }
 
-// dispatch advances op in the background. It blocks while Concurrency
-// advances are already waiting, which holds back the consumer instead of
-// queueing without bound.
-func (e *Executor) dispatch(ctx context.Context, op events.Operation) {
-	select {
-	case e.pending <- struct{}{}:
-	case <-ctx.Done():
-		return
+// advanceError turns a failure to advance a journaled intent into a log
+// line: the intent is durable, so the message is done with, and the poller
+// takes the operation up after its pickup grace. Only a failure to tell
+// whether the intent is journaled at all keeps the message.
+func (e *Executor) advanceError(ctx context.Context, key string, err error) error {
+	if err != nil && ctx.Err() == nil {
+		e.log.WarnContext(ctx, "advancing an intent failed; the poller retries it", "operation_key", key, "error", err)
 	}
-	e.calls.Add(1)
-	go func() {
-		defer e.calls.Done()
-		defer func() { <-e.pending }()
-		if err := e.advance(ctx, op, true); err != nil && ctx.Err() == nil {
-			e.log.WarnContext(ctx, "advancing an intent failed; the poller retries it", "operation_key", op.Key, "error", err)
-		}
-	}()
+	return nil
 }
 
 // ensureIntent journals an intent that came straight from a producer, or

@@ -134,8 +134,7 @@ type Executor struct {
 	log       *slog.Logger
 	tel       *telemetry
 
-	slots   chan struct{} // one per call in flight
-	pending chan struct{} // one per intent handed off and not yet claimed
+	slots chan struct{} // one per call in flight
 	// inflight tracks operations this process is working on, so a kick, a
 	// poll and a redelivered message for the same operation don't pile up.
 	mu       sync.Mutex
@@ -165,7 +164,6 @@ func New(st *store.Store, tools Tools, cfg Config) (*Executor, error) {
 		log:       cfg.Logger.With("component", "executor", "worker", cfg.Worker),
 		tel:       tel,
 		slots:     make(chan struct{}, cfg.Concurrency),
-		pending:   make(chan struct{}, cfg.Concurrency),
 		inflight:  map[string]bool{},
 		kicks:     make(chan string, 1024),
 	}
@@ -175,8 +173,8 @@ func New(st *store.Store, tools Tools, cfg Config) (*Executor, error) {
 
 // Run consumes intents and runs due steps until ctx ends, then stops taking
 // work, gives in-flight calls ShutdownGrace to finish, cancels the rest (they
-// are journaled as Unknown) and returns. Kafka offsets of handled messages
-// are committed when the subscriber closes.
+// are journaled as Unknown) and returns. Kafka offsets of handled batches
+// are committed by the consumer group, and once more when it closes.
 func (e *Executor) Run(ctx context.Context) error {
 	// The committer outlives the intake so outcomes of calls still in flight
 	// at shutdown are journaled.
@@ -186,11 +184,13 @@ func (e *Executor) Run(ctx context.Context) error {
 
 	intakeCtx, stopIntake := context.WithCancel(ctx)
 	defer stopIntake()
-	intake, err := kafka.StartConsumer(intakeCtx, e.cfg.Kafka, "executor", e.cfg.Group,
-		e.cfg.Kafka.Topic(events.TopicIntents), e.handleIntent, e.cfg.Logger)
+	intake, err := kafka.NewBatchConsumer(e.cfg.Kafka, e.cfg.Group, e.cfg.Kafka.Topic(events.TopicIntents),
+		e.cfg.Concurrency, e.handleBatch, e.cfg.Logger)
 	if err != nil {
 		return fmt.Errorf("executor: %w", err)
 	}
+	intakeDone := make(chan error, 1)
+	go func() { intakeDone <- intake.Run(intakeCtx) }()
 	pollDone := make(chan struct{})
 	go func() { defer close(pollDone); e.poll(intakeCtx) }()
 
@@ -198,11 +198,14 @@ func (e *Executor) Run(ctx context.Context) error {
 	var runErr error
 	select {
 	case <-ctx.Done():
-	case <-intake.Stopped():
-		runErr = intake.Err()
+	case runErr = <-intakeDone:
+		if runErr == nil {
+			runErr = errors.New("executor: the intents consumer stopped on its own")
+		}
+		intakeDone <- nil
 	}
 	stopIntake()
-	intake.Close()
+	<-intakeDone
 	<-pollDone
 	e.drain(ctx)
 	e.log.Info("executor stopped")

@@ -165,8 +165,32 @@ func (e *Executor) advanceKey(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	return e.advance(kafka.ContextWithTraceparent(ctx, tp), op, false)
+	return e.advance(kafka.ContextWithTraceparent(ctx, tp), op, advanceDue)
 }
+
+// advanceMode says what triggered an advance.
+type advanceMode struct {
+	// immediate: the intent message itself; a first attempt runs at once
+	// instead of waiting for the poller's pickup grace.
+	immediate bool
+	// intentEventID: op is the fold of this intent message alone, not read
+	// from the store; the claim commits only if the journaled intent is this
+	// event, and a conflict returns errNotThisIntent instead of reloading.
+	intentEventID string
+}
+
+var (
+	advanceDue       = advanceMode{}
+	advanceImmediate = advanceMode{immediate: true}
+)
+
+func advanceFromIntent(eventID string) advanceMode {
+	return advanceMode{immediate: true, intentEventID: eventID}
+}
+
+// errNotThisIntent: a step decided from an intent message conflicted; the
+// journal holds more than that intent, or another one, or none yet.
+var errNotThisIntent = errors.New("the journaled operation is not at this intent")
 
 // advance starts the next step of op if one is due. The claim is an append
 // conditioned on op.Seq: if another executor (or the reconciler, or an
@@ -174,7 +198,7 @@ func (e *Executor) advanceKey(ctx context.Context, key string) error {
 // executor reloads and decides again from what the winner wrote. Two
 // executors therefore never run the same step, however the intent was
 // delivered.
-func (e *Executor) advance(ctx context.Context, op events.Operation, immediate bool) error {
+func (e *Executor) advance(ctx context.Context, op events.Operation, mode advanceMode) error {
 	if !e.claimOp(op.Key) {
 		return nil // this process is already working on it
 	}
@@ -186,7 +210,7 @@ func (e *Executor) advance(ctx context.Context, op events.Operation, immediate b
 	}()
 	for range maxConflicts {
 		now := e.cfg.Now()
-		st, err := e.plan(op, now, immediate)
+		st, err := e.plan(op, now, mode.immediate)
 		if err != nil {
 			return fmt.Errorf("planning %s: %w", op.Key, err)
 		}
@@ -209,6 +233,7 @@ func (e *Executor) advance(ctx context.Context, op events.Operation, immediate b
 		}
 		next, err := e.committer.Append(ctx, store.Append{
 			Base: op, Events: st.events, Traceparent: kafka.TraceparentFrom(spanCtx), TopicPrefix: e.cfg.Kafka.TopicPrefix,
+			IntentEventID: mode.intentEventID,
 		})
 		if err != nil {
 			if span != nil {
@@ -217,6 +242,9 @@ func (e *Executor) advance(ctx context.Context, op events.Operation, immediate b
 			}
 			if !store.IsConflict(err) {
 				return fmt.Errorf("claiming the next step of %s: %w", op.Key, err)
+			}
+			if mode.intentEventID != "" {
+				return errNotThisIntent
 			}
 			if op, err = e.store.Load(ctx, op.Key); err != nil {
 				return err

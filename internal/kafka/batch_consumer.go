@@ -22,9 +22,10 @@ type BatchHandler func(ctx context.Context, msgs []*sarama.ConsumerMessage) erro
 // one message per partition and waits for its ack before the next, so a
 // consumer whose handling ends in a database commit is capped at
 // partitions ÷ commit latency (BenchmarkConsumers in this package measures
-// both). The projector needs every message of a partition in one
-// transaction; the executor, whose handler returns at once, stays on
-// watermill.
+// both). The projector folds a partition's messages into one transaction;
+// the executor claims each intent of a batch concurrently, so the claims
+// share group commits. The reconciler, whose traffic is the rare unknown
+// outcome, stays on watermill.
 type BatchConsumer struct {
 	cfg      Config
 	group    string

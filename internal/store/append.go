@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/effectline/effectline/events"
@@ -28,6 +29,12 @@ type Append struct {
 	// Empty means DefaultTopicPrefix: an outbox row naming a topic that
 	// does not exist would stall the relay behind it.
 	TopicPrefix string
+	// IntentEventID, when set, makes the append also require that the
+	// operation's journaled intent is this event. It lets a writer decide
+	// from an intent message alone (Base = the fold of that intent) without
+	// reading the head first: if the key holds another intent, the append
+	// conflicts instead of building on the wrong arguments.
+	IntentEventID string
 }
 
 // Next folds a.Events onto a.Base: the record the append produces.
@@ -66,6 +73,14 @@ WITH head AS (
      WHERE EXISTS (SELECT 1 FROM head)
 )
 SELECT count(*) FROM head`
+
+// appendAfterIntentSQL is appendSQL that also requires the operation's
+// intent (seq 1) to be the event $17. The id is compared as text: a
+// producer's id that is not a UUID must conflict, not fail the whole group
+// commit with a type error.
+var appendAfterIntentSQL = strings.Replace(appendSQL,
+	"WHERE operation_key = $1 AND seq = $2\n",
+	"WHERE operation_key = $1 AND seq = $2\n       AND EXISTS (SELECT 1 FROM events i WHERE i.operation_key = $1 AND i.seq = 1 AND i.event_id::text = $17)\n", 1)
 
 // createSQL is appendSQL for the first step of a new operation.
 const createSQL = `
@@ -141,9 +156,13 @@ func prepare(a Append) (prepared, error) {
 	args := []any{next.Key, a.Base.Seq, string(next.Status), next.Seq, lease, due, record, next.UpdatedAt,
 		a.Traceparent, seqs, ids, types, envs, times, obSeqs, obTopics}
 	sql := appendSQL
-	if a.Base.Seq == 0 {
+	switch {
+	case a.Base.Seq == 0:
 		sql = createSQL
 		args = append(args, next.Tool, string(next.EffectClass), next.PayloadHash)
+	case a.IntentEventID != "":
+		sql = appendAfterIntentSQL
+		args = append(args, a.IntentEventID)
 	}
 	return prepared{sql: sql, args: args, next: next, key: next.Key, base: a.Base.Seq}, nil
 }

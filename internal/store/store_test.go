@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -185,6 +186,43 @@ func TestAppendBatchIsolatesConflicts(t *testing.T) {
 	got, _ := s.Load(ctx, "a")
 	if got.LeaseOwner != "w1" || got.Status != events.StatusInProgress {
 		t.Fatalf("a = %+v", got)
+	}
+}
+
+// A step decided from an intent message alone builds on the message's
+// arguments, so it may commit only where that message is the journaled
+// intent; otherwise it conflicts, and one odd id never fails the batch.
+func TestAppendAfterIntentRequiresThatIntent(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	a, b, c := create(t, s, "a"), create(t, s, "b"), create(t, s, "c")
+	ia, err := s.Events(ctx, "a", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ic, err := s.Events(ctx, "c", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := s.AppendBatch(ctx, []store.Append{
+		{Base: a, Events: []events.Envelope{started(t, a, "w1")}, IntentEventID: ia[0].EventID},
+		{Base: b, Events: []events.Envelope{started(t, b, "w1")}, IntentEventID: ia[0].EventID}, // a's intent, not b's
+		{Base: c, Events: []events.Envelope{started(t, c, "w1")}, IntentEventID: "not-a-uuid"},
+		{Base: c, Events: []events.Envelope{started(t, c, "w2")}, IntentEventID: strings.ToUpper(ic[0].EventID)},
+	})
+	if res[0].Err != nil {
+		t.Fatalf("append after the journaled intent: %v", res[0].Err)
+	}
+	for i := 1; i < len(res); i++ {
+		if !store.IsConflict(res[i].Err) {
+			t.Fatalf("append %d after another intent: %v, want a conflict", i, res[i].Err)
+		}
+	}
+	for _, key := range []string{"b", "c"} {
+		if got, _ := s.Load(ctx, key); got.Seq != 1 {
+			t.Fatalf("%s moved to seq %d on a conflicting append", key, got.Seq)
+		}
 	}
 }
 
