@@ -449,6 +449,37 @@ func TestPayloadConflictIsRejected(t *testing.T) {
 	}
 }
 
+// TestProducerChosenEventIDs: the contract asks producers for a non-empty
+// event id, not a UUID, and cannot stop one from reusing an id. Neither may
+// keep an intent from running, nor stall the partition behind it.
+func TestProducerChosenEventIDs(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.start()
+	produce := func(key, id string) {
+		ev, err := events.New(events.IntentRecorded, key, 1, "payments.charge", events.Irreversible, 0,
+			events.IntentData{Args: json.RawMessage(`{"amount":3}`), Principal: "billing-agent"}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev.EventID = id
+		raw, err := events.Encode(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.broker.Produce(t, e.kafka.Topic(events.TopicIntents), []byte(key), raw, nil)
+	}
+	produce("id-a", "order-7/charge")
+	produce("id-b", "order-7/charge") // the same id on another operation
+	produce("id-c", events.NewID())
+	for _, key := range []string{"id-a", "id-b", "id-c"} {
+		e.waitStatus(key, events.StatusCompleted)
+	}
+	if got := e.fake.Applied(); got != 3 {
+		t.Fatalf("effects = %d, want 3", got)
+	}
+}
+
 // TestExecutionTimeChecks: intents produced straight to Kafka are checked
 // again at execution time; each rejection is final and journaled.
 func TestExecutionTimeChecks(t *testing.T) {

@@ -64,7 +64,7 @@ WITH head AS (
 ), ev AS (
     INSERT INTO events (operation_key, seq, event_id, type, envelope, traceparent, occurred_at)
     SELECT $1, u.seq, u.event_id, u.type, u.envelope, $9, u.occurred_at
-      FROM unnest($10::bigint[], $11::uuid[], $12::text[], $13::bytea[], $14::timestamptz[])
+      FROM unnest($10::bigint[], $11::text[], $12::text[], $13::bytea[], $14::timestamptz[])
            AS u(seq, event_id, type, envelope, occurred_at)
      WHERE EXISTS (SELECT 1 FROM head)
 ), ob AS (
@@ -75,12 +75,10 @@ WITH head AS (
 SELECT count(*) FROM head`
 
 // appendAfterIntentSQL is appendSQL that also requires the operation's
-// intent (seq 1) to be the event $17. The id is compared as text: a
-// producer's id that is not a UUID must conflict, not fail the whole group
-// commit with a type error.
+// intent (seq 1) to be the event $17.
 var appendAfterIntentSQL = strings.Replace(appendSQL,
 	"WHERE operation_key = $1 AND seq = $2\n",
-	"WHERE operation_key = $1 AND seq = $2\n       AND EXISTS (SELECT 1 FROM events i WHERE i.operation_key = $1 AND i.seq = 1 AND i.event_id::text = $17)\n", 1)
+	"WHERE operation_key = $1 AND seq = $2\n       AND EXISTS (SELECT 1 FROM events i WHERE i.operation_key = $1 AND i.seq = 1 AND i.event_id = $17)\n", 1)
 
 // createSQL is appendSQL for the first step of a new operation.
 const createSQL = `
@@ -93,7 +91,7 @@ WITH head AS (
 ), ev AS (
     INSERT INTO events (operation_key, seq, event_id, type, envelope, traceparent, occurred_at)
     SELECT $1, u.seq, u.event_id, u.type, u.envelope, $9, u.occurred_at
-      FROM unnest($10::bigint[], $11::uuid[], $12::text[], $13::bytea[], $14::timestamptz[])
+      FROM unnest($10::bigint[], $11::text[], $12::text[], $13::bytea[], $14::timestamptz[])
            AS u(seq, event_id, type, envelope, occurred_at)
      WHERE EXISTS (SELECT 1 FROM head)
 ), ob AS (
