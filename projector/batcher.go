@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -71,19 +71,20 @@ type response struct {
 // message per partition and waits for its ack before the next, so throughput
 // is partitions × (1 / commit latency) unless the partitions share their
 // commits. Each handler submits its event and waits; a flusher takes
-// everything queued, folds it in memory, writes every changed row in one
-// statement and commits once. There is no waiting window: a lone event
-// commits at once, and under load batches grow by themselves while the
-// previous commit is in flight.
+// everything queued, folds it in memory onto the cached records, and writes
+// every changed row in one statement, which commits on its own. There is no
+// waiting window: a lone event commits at once, and under load batches grow
+// by themselves while the previous commit is in flight.
 type batcher struct {
-	pool       *pgxpool.Pool
-	store      *store.Store
-	metrics    *metrics
-	log        *slog.Logger
-	maxBatch   int
-	flushers   int
-	timeout    time.Duration
-	syncCommit bool
+	// pool runs the flushes' statements (see openWritePool); Run sets it.
+	pool     *pgxpool.Pool
+	store    *store.Store
+	cache    *recordCache
+	metrics  *metrics
+	log      *slog.Logger
+	maxBatch int
+	flushers int
+	timeout  time.Duration
 
 	reqs chan *request
 	done chan struct{}
@@ -286,46 +287,93 @@ func compareInt64(a, b int64) int {
 	return 0
 }
 
-// commit projects reqs in one transaction: lock and load the current rows,
-// fold each operation's events in seq order in memory, write every changed
-// row in one statement, commit. It returns the result of each request only
-// once the commit returned, so no message is acked before its row is stored.
-func (b *batcher) commit(ctx context.Context, reqs []*request, keys []string, byKey map[string][]int) ([]result, error) {
-	results := make([]result, len(reqs))
-	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		current, err := lockRecordsTx(ctx, tx, keys, b.syncCommit)
+// commit projects reqs: it folds each operation's events in seq order onto
+// its cached record (reading the rows of the operations not cached), writes
+// every changed row in one statement and caches what it wrote. It returns
+// the result of each request only once the write returned, so no message is
+// acked before its row is stored. recordCache explains why folding onto a
+// cached record or an unlocked read is safe.
+//
+// When every operation is cached, or new, the flush is one round trip.
+func (b *batcher) commit(ctx context.Context, reqs []*request, keys []string, byKey map[string][]int) (_ []result, err error) {
+	defer func() {
 		if err != nil {
-			return err
+			// The write may have committed or not; the next flush reads.
+			b.cache.drop(keys)
 		}
-		changed := make([]events.Operation, 0, len(keys))
-		for _, k := range keys {
-			op := current[k]
-			base := op.Seq
-			for _, i := range byKey[k] {
-				op, results[i], err = b.project(ctx, op, reqs[i].env)
-				if err != nil {
-					return err
-				}
-			}
-			if op.Seq > base {
-				changed = append(changed, op)
+	}()
+	current, missing := b.cache.get(keys)
+	// An operation whose first event here is seq 1 is folded from the empty
+	// record without reading its row: if the row exists, it is at seq 1 or
+	// later and the upsert leaves it alone.
+	missing = slices.DeleteFunc(missing, func(k string) bool { return reqs[byKey[k][0]].env.Seq == 1 })
+	if len(missing) > 0 {
+		stored, err := loadRecords(ctx, b.pool, missing)
+		if err != nil {
+			return nil, err
+		}
+		maps.Copy(current, stored)
+	}
+
+	results := make([]result, len(reqs))
+	folded := make([]events.Operation, 0, len(keys))
+	changed := make([]events.Operation, 0, len(keys))
+	for _, k := range keys {
+		op := current[k]
+		base := op.Seq
+		for _, i := range byKey[k] {
+			op, results[i], err = b.project(ctx, op, reqs[i].env)
+			if err != nil {
+				return nil, err
 			}
 		}
-		// Rows are inserted in key order, like they are locked, so two
-		// transactions that meet on the same new keys (replicas during a
-		// rebalance) wait for each other instead of deadlocking.
-		slices.SortFunc(changed, func(a, c events.Operation) int { return strings.Compare(a.Key, c.Key) })
-		_, err = upsertTx(ctx, tx, changed)
-		return err
-	})
+		if op.Seq > base {
+			changed = append(changed, op)
+		}
+		if op.Seq > 0 {
+			folded = append(folded, op)
+		}
+	}
+	// Rows are inserted in key order, so two statements that meet on the
+	// same new keys (two flushers, or replicas during a rebalance) wait for
+	// each other instead of deadlocking.
+	slices.SortFunc(changed, func(a, c events.Operation) int { return strings.Compare(a.Key, c.Key) })
+	written, err := upsert(ctx, b.pool, changed)
 	if err != nil {
 		return nil, err
 	}
+	if len(written) < len(changed) {
+		stale := skipUnwritten(byKey, changed, written, results)
+		folded = slices.DeleteFunc(folded, func(op events.Operation) bool { return stale[op.Key] })
+		b.cache.drop(slices.Collect(maps.Keys(stale)))
+	}
+	b.cache.put(folded)
 	return results, nil
 }
 
-// project folds one delivered event onto op, the operation's row as of this
-// batch. Only an error that may pass on a retry (the event store could not
+// skipUnwritten handles the changed rows the upsert did not write because
+// the table was at or past them: their events were already in the row, so
+// they count as skipped. It returns those operations' keys.
+func skipUnwritten(byKey map[string][]int, changed []events.Operation, written []string, results []result) map[string]bool {
+	stale := make(map[string]bool, len(changed)-len(written))
+	for _, op := range changed {
+		stale[op.Key] = true
+	}
+	for _, k := range written {
+		delete(stale, k)
+	}
+	for k := range stale {
+		for _, i := range byKey[k] {
+			if o := results[i].outcome; o == outcomeApplied || o == outcomeFilled {
+				results[i] = result{outcome: outcomeSkipped}
+			}
+		}
+	}
+	return stale
+}
+
+// project folds one delivered event onto op, the operation's record as of
+// this batch. Only an error that may pass on a retry (the event store could not
 // be read) is returned as an error; an event that can never apply is a
 // rejected result, so it is acked and never stalls its partition.
 func (b *batcher) project(ctx context.Context, op events.Operation, e events.Envelope) (events.Operation, result, error) {

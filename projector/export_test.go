@@ -3,3 +3,22 @@ package projector
 // RebuildPaged is Rebuild with small pages, so a test can make operations
 // straddle page boundaries without journaling thousands of events.
 var RebuildPaged = rebuild
+
+// OpenWritePool is the pool a running projector flushes on.
+var OpenWritePool = openWritePool
+
+// CachedSeq returns the seq of the record p has cached for key, and whether
+// it has one.
+func CachedSeq(p *Projector, key string) (int64, bool) {
+	found, _ := p.batcher.cache.get([]string{key})
+	op, ok := found[key]
+	return op.Seq, ok
+}
+
+// CacheLen returns how many records p has cached.
+func CacheLen(p *Projector) int {
+	c := p.batcher.cache
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.ops)
+}

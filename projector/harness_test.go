@@ -115,8 +115,9 @@ var _ io.Writer = (*testWriter)(nil)
 
 // running is a projector started by a test.
 type running struct {
-	metrics *sdkmetric.ManualReader
-	stop    func()
+	projector *projector.Projector
+	metrics   *sdkmetric.ManualReader
+	stop      func()
 }
 
 // start runs a projector in consumer group group until stop or the end of
@@ -156,7 +157,7 @@ func (h *harness) start(group string, tweak ...func(*projector.Config)) *running
 		})
 	}
 	h.t.Cleanup(stop)
-	return &running{metrics: reader, stop: stop}
+	return &running{projector: p, metrics: reader, stop: stop}
 }
 
 // count returns the projector's event counter for one outcome.

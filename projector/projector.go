@@ -18,11 +18,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/IBM/sarama"
 	"log/slog"
 	"sync/atomic"
 	"time"
 
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -43,8 +44,9 @@ type Config struct {
 	// Kafka says where effectline.outcomes is. Required.
 	Kafka kafka.Config
 	// Store is the event store: it fills gaps, and operation_state lives in
-	// its database. Required. Its pool needs a connection per flusher plus
-	// one for gap fills.
+	// its database. Required. Its pool needs a connection for gap fills, and
+	// a connection per flusher with SynchronousCommit; without it, Run opens
+	// a pool of Flushers connections of its own with the same settings.
 	Store *store.Store
 	// Group is the Kafka consumer group. Default DefaultGroup.
 	Group string
@@ -63,16 +65,23 @@ type Config struct {
 	// FlushTimeout bounds one batch transaction. Default 30s.
 	FlushTimeout time.Duration
 	// SynchronousCommit makes every projection commit wait for its WAL
-	// flush. By default it does not (synchronous_commit = off for the
-	// projector's transactions only): the read model is derived data and a
-	// commit that returned is acked at once. If the database crashes within
+	// flush. By default it does not (synchronous_commit = off on the
+	// projector's own connections only): the read model is derived data and
+	// a commit that returned is acked at once. If the database crashes within
 	// the WAL writer's window (about 3 × wal_writer_delay) after such a
 	// commit, those rows fall back to an earlier seq while their offsets are
 	// already committed; the next event of each affected operation restores
-	// its row through gap fill, and an operation that had reached its last
-	// event stays behind until Rebuild runs or the group's offsets are reset
-	// to before the crash. Set this when that window is not acceptable.
+	// its row (folded onto the projector's cached record, or through gap
+	// fill), and an operation that had reached its last event stays behind
+	// until Rebuild runs or the group's offsets are reset to before the
+	// crash. Set this when that window is not acceptable.
 	SynchronousCommit bool
+	// CacheSize caps how many operations' last written records the projector
+	// keeps in memory, so that a flush writes without reading the rows
+	// first. Default 100000; an entry costs about the size of its record.
+	// When full, the cache drops half its entries, terminal operations
+	// first. A negative value turns the cache off: every flush reads.
+	CacheSize int
 }
 
 // WithDefaults fills unset fields.
@@ -98,6 +107,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.FlushTimeout <= 0 {
 		c.FlushTimeout = 30 * time.Second
+	}
+	if c.CacheSize == 0 {
+		c.CacheSize = 100_000
 	}
 	return c
 }
@@ -139,16 +151,15 @@ func New(cfg Config) (*Projector, error) {
 		tracer:  cfg.TracerProvider.Tracer("github.com/effectline/effectline/projector"),
 		metrics: m,
 		batcher: &batcher{
-			pool:       cfg.Store.Pool(),
-			store:      cfg.Store,
-			metrics:    m,
-			log:        log,
-			maxBatch:   cfg.MaxBatch,
-			flushers:   cfg.Flushers,
-			timeout:    cfg.FlushTimeout,
-			syncCommit: cfg.SynchronousCommit,
-			reqs:       make(chan *request, cfg.MaxBatch*cfg.Flushers),
-			done:       make(chan struct{}),
+			store:    cfg.Store,
+			cache:    newRecordCache(cfg.CacheSize),
+			metrics:  m,
+			log:      log,
+			maxBatch: cfg.MaxBatch,
+			flushers: cfg.Flushers,
+			timeout:  cfg.FlushTimeout,
+			reqs:     make(chan *request, cfg.MaxBatch*cfg.Flushers),
+			done:     make(chan struct{}),
 		},
 	}, nil
 }
@@ -163,6 +174,13 @@ func (p *Projector) Run(ctx context.Context) error {
 	if !p.started.CompareAndSwap(false, true) {
 		return errors.New("projector: Run called twice")
 	}
+	pool, closePool, err := openWritePool(ctx, p.cfg.Store, p.cfg.Flushers, p.cfg.SynchronousCommit)
+	if err != nil {
+		return fmt.Errorf("projector: %w", err)
+	}
+	defer closePool()
+	p.batcher.pool = pool
+
 	consumer, err := kafka.NewBatchConsumer(p.cfg.Kafka, p.cfg.Group, p.cfg.Kafka.Topic(events.TopicOutcomes),
 		p.cfg.MaxBatch, p.handleBatch, p.cfg.Logger)
 	if err != nil {
@@ -191,6 +209,35 @@ func (p *Projector) Run(ctx context.Context) error {
 		return errors.New("projector: the consumer stopped on its own")
 	}
 	return nil
+}
+
+// openWritePool returns the pool the flushes run on and how to release it.
+// With asynchronous commit it is a pool of its own, on the store pool's
+// settings, whose sessions have synchronous_commit off: a flush's upsert
+// then commits asynchronously as a statement of its own, one round trip,
+// where SET LOCAL would need a transaction around it (BEGIN, SET, upsert,
+// COMMIT). The rest of the process keeps synchronous commits.
+func openWritePool(ctx context.Context, st *store.Store, conns int, syncCommit bool) (*pgxpool.Pool, func(), error) {
+	if syncCommit {
+		return st.Pool(), func() {}, nil
+	}
+	cfg := st.Pool().Config()
+	if cfg.ConnConfig.RuntimeParams == nil {
+		cfg.ConnConfig.RuntimeParams = map[string]string{}
+	}
+	// The read model is derived data: a write lost to a database crash
+	// after its commit returned is redone (see Config.SynchronousCommit), so
+	// it does not need its own WAL flush. Without one, a commit costs no
+	// fsync and the projector keeps pace with the executors' synchronous
+	// commits on the same server.
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	cfg.MaxConns = int32(conns)
+	cfg.MinConns, cfg.MinIdleConns = 0, 0
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("opening the projection pool: %w", err)
+	}
+	return pool, pool.Close, nil
 }
 
 // handleBatch projects the messages of one partition that were fetched

@@ -38,10 +38,13 @@ SELECT operation_key, envelope FROM events
 // It runs in one transaction that takes an EXCLUSIVE lock on the table and
 // deletes every row before writing the new ones. Readers are not blocked:
 // they see the old rows until the commit and the new ones after it. Writers
-// are: a projector's flush waits on the lock, then folds onto the rebuilt
-// rows and upserts only where it is ahead, so Rebuild may run while
-// projectors do. Events appended during the rebuild either are in the pages
-// it has still to read or arrive through Kafka afterwards; both end the same.
+// are: a projector's upsert waits on the lock, then writes only the rows it
+// is ahead on. What it folded onto (a cached record, or a row read before
+// the lock, since plain reads do not wait) is the fold of the same events to
+// an earlier seq, so where it is ahead its row is the one Rebuild would have
+// written, and Rebuild may run while projectors do. Events appended during
+// the rebuild either are in the pages it has still to read or arrive through
+// Kafka afterwards; both end the same.
 func Rebuild(ctx context.Context, st *store.Store) (int, error) {
 	return rebuild(ctx, st, rebuildReadPage, rebuildWriteRows)
 }
@@ -67,7 +70,7 @@ func rebuild(ctx context.Context, st *store.Store, readPage, writeRows int) (int
 			pending  = make([]events.Operation, 0, writeRows)
 		)
 		flush := func() error {
-			if _, err := upsertTx(ctx, tx, pending); err != nil {
+			if err := upsertTx(ctx, tx, pending); err != nil {
 				return err
 			}
 			written += len(pending)

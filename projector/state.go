@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/store"
@@ -17,24 +18,18 @@ import (
 // both go through upsertSQL and rowsOf, so a rebuilt row cannot differ from a
 // projected one by how its columns were derived.
 
-// lockRowsSQL loads the current records of a batch's operations and locks
-// them for the rest of the flush transaction. The row locks are what make a
-// concurrent Rebuild (which holds an EXCLUSIVE table lock) and a second
-// projector replica (briefly owning the same partition during a rebalance)
-// wait instead of folding onto a record that is being replaced. ORDER BY
-// fixes the locking order so two flushes never deadlock on each other.
-const lockRowsSQL = `
-SELECT record FROM operation_state
- WHERE operation_key = ANY($1)
- ORDER BY operation_key
-   FOR UPDATE`
+// loadRowsSQL reads the stored records of the operations a flush has not
+// cached. It takes no row locks: see recordCache for why a record read here
+// may be folded onto and written back without holding the row.
+const loadRowsSQL = `SELECT record FROM operation_state WHERE operation_key = ANY($1)`
 
 // upsertSQL writes rows given as parallel arrays, one statement for the whole
 // batch. The WHERE clause of the update is the idempotence guard: a row is
 // only ever replaced by one with a higher last_seq. Since every row is the
 // fold of its operation's events up to last_seq, whichever writer gets there
 // writes the same row, and a writer that lost a race (a replica that still
-// held a partition during a rebalance) cannot move a row backwards.
+// held a partition during a rebalance, a projector folding onto a cached
+// record that Rebuild has since moved on) cannot move a row backwards.
 const upsertSQL = `
 INSERT INTO operation_state (
     operation_key, tool, effect_class, payload_hash, principal, status, phase, attempt,
@@ -71,6 +66,12 @@ ON CONFLICT (operation_key) DO UPDATE SET
     updated_at       = EXCLUDED.updated_at,
     projected_at     = EXCLUDED.projected_at
  WHERE operation_state.last_seq < EXCLUDED.last_seq`
+
+// projectSQL is upsertSQL telling which rows it wrote: a row it did not
+// write was already at or past the batch's seq, so the batch's events were
+// in it and the projector's cached record of it is behind.
+const projectSQL = upsertSQL + `
+RETURNING operation_key`
 
 // rows is a batch of operations as the column arrays of upsertSQL.
 type rows struct {
@@ -146,52 +147,51 @@ func (r *rows) args() []any {
 		r.escalations, r.seqs, r.records, r.created, r.updated}
 }
 
-// upsertTx writes ops inside tx and returns how many rows changed.
-func upsertTx(ctx context.Context, tx pgx.Tx, ops []events.Operation) (int64, error) {
+// upsertTx writes ops inside tx.
+func upsertTx(ctx context.Context, tx pgx.Tx, ops []events.Operation) error {
 	if len(ops) == 0 {
-		return 0, nil
+		return nil
 	}
 	r, err := rowsOf(ops)
 	if err != nil {
-		return 0, err
+		return err
 	}
-	tag, err := tx.Exec(ctx, upsertSQL, r.args()...)
-	if err != nil {
-		return 0, fmt.Errorf("writing %d operation states: %w", len(ops), err)
+	if _, err := tx.Exec(ctx, upsertSQL, r.args()...); err != nil {
+		return fmt.Errorf("writing %d operation states: %w", len(ops), err)
 	}
-	return tag.RowsAffected(), nil
+	return nil
 }
 
-// lockRecordsTx loads and locks the stored records of keys; operations not
-// projected yet are absent from the map. It is the first statement of a
-// flush transaction and shares its round trip with the commit mode.
-func lockRecordsTx(ctx context.Context, tx pgx.Tx, keys []string, syncCommit bool) (map[string]events.Operation, error) {
-	var b pgx.Batch
-	if !syncCommit {
-		// The read model is derived data: a write lost to a database crash
-		// after its commit returned is redone from the event store (see
-		// Config.SynchronousCommit), so it does not need its own WAL flush.
-		// Without one, a commit costs no fsync and the projector keeps pace
-		// with the executors' synchronous commits on the same server.
-		b.Queue(`SET LOCAL synchronous_commit = off`)
+// upsert writes ops in a statement of its own (an implicit transaction) and
+// returns the keys of the rows it changed.
+func upsert(ctx context.Context, pool *pgxpool.Pool, ops []events.Operation) ([]string, error) {
+	if len(ops) == 0 {
+		return nil, nil
 	}
-	b.Queue(lockRowsSQL, keys)
-	br := tx.SendBatch(ctx, &b)
-	defer br.Close()
-	if !syncCommit {
-		if _, err := br.Exec(); err != nil {
-			return nil, fmt.Errorf("setting the commit mode: %w", err)
-		}
+	r, err := rowsOf(ops)
+	if err != nil {
+		return nil, err
 	}
-	rs, err := br.Query()
+	rs, err := pool.Query(ctx, projectSQL, r.args()...)
+	if err != nil {
+		return nil, fmt.Errorf("writing %d operation states: %w", len(ops), err)
+	}
+	written, err := pgx.CollectRows(rs, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("writing %d operation states: %w", len(ops), err)
+	}
+	return written, nil
+}
+
+// loadRecords reads the stored records of keys; operations not projected
+// yet are absent from the map.
+func loadRecords(ctx context.Context, pool *pgxpool.Pool, keys []string) (map[string]events.Operation, error) {
+	rs, err := pool.Query(ctx, loadRowsSQL, keys)
 	if err != nil {
 		return nil, fmt.Errorf("loading %d operation states: %w", len(keys), err)
 	}
 	records, err := pgx.CollectRows(rs, pgx.RowTo[[]byte])
 	if err != nil {
-		return nil, fmt.Errorf("loading %d operation states: %w", len(keys), err)
-	}
-	if err := br.Close(); err != nil {
 		return nil, fmt.Errorf("loading %d operation states: %w", len(keys), err)
 	}
 	ops := make(map[string]events.Operation, len(records))
