@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 )
@@ -19,6 +20,14 @@ import (
 var version = "dev"
 
 func main() {
+	// effectline's live heap is small (tens of MiB) and its allocation rate
+	// high (every event is decoded and encoded at each hop), so the default
+	// GOGC=100 spends several percent of the CPU, and part of the latency
+	// tail, on collections that free little. GOGC and GOMEMLIMIT from the
+	// environment still win; the Kubernetes manifests set GOMEMLIMIT.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(defaultGOGC)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
@@ -30,6 +39,9 @@ func main() {
 }
 
 var errUsage = errors.New("usage")
+
+// defaultGOGC is the GC target when GOGC is unset (see main).
+const defaultGOGC = 400
 
 const usage = `effectline runs the side effects AI agents ask for, exactly once where it matters.
 
