@@ -72,15 +72,29 @@ func Decode(b []byte) (Envelope, error) {
 	if len(b) > MaxEnvelopeBytes {
 		return Envelope{}, invalid("", "event is %d bytes, over the %d byte limit", len(b), MaxEnvelopeBytes)
 	}
+	var v Envelope // what the fast path's wireEnvelope points to
+	data, present, ok := fastDecodeEnvelope(b, &v)
+	if !ok {
+		return decodeSlow(b)
+	}
+	return wireFrom(&v, present).validate(data)
+}
+
+// decodeSlow is Decode through encoding/json, for the inputs
+// fastDecodeEnvelope leaves to it. It is a function of its own so that the
+// fast path's values do not escape to the heap with w.
+func decodeSlow(b []byte) (Envelope, error) {
 	var w wireEnvelope
 	if err := strictUnmarshal(b, &w); err != nil {
 		return Envelope{}, invalid("", "%v", err)
 	}
-	return w.validate()
+	return w.validate(w.Data)
 }
 
-// validate applies every rule of the contract to a parsed envelope.
-func (w wireEnvelope) validate() (Envelope, error) {
+// validate applies every rule of the contract to a parsed envelope whose
+// data is data (w.Data, or the fast path's copy: kept apart from w so that
+// returning it does not make the values w points to escape to the heap).
+func (w wireEnvelope) validate(data json.RawMessage) (Envelope, error) {
 	switch {
 	case w.EventID == nil || *w.EventID == "":
 		return Envelope{}, invalid("event_id", "missing")
@@ -108,7 +122,7 @@ func (w wireEnvelope) validate() (Envelope, error) {
 		return Envelope{}, invalid("effect_class", "missing")
 	case !w.EffectClass.Valid():
 		return Envelope{}, invalid("effect_class", "unknown effect class %q", *w.EffectClass)
-	case len(w.Data) == 0 || bytes.Equal(w.Data, []byte("null")):
+	case len(data) == 0 || bytes.Equal(data, []byte("null")):
 		return Envelope{}, invalid("data", "missing")
 	}
 	e := Envelope{
@@ -119,7 +133,7 @@ func (w wireEnvelope) validate() (Envelope, error) {
 		OccurredAt:   *w.OccurredAt,
 		Tool:         *w.Tool,
 		EffectClass:  *w.EffectClass,
-		Data:         w.Data,
+		Data:         data,
 	}
 	if w.Attempt != nil {
 		e.Attempt = *w.Attempt
@@ -139,20 +153,30 @@ func (w wireEnvelope) validate() (Envelope, error) {
 // DecodeData parses e.Data into the Go shape of e.Type (a pointer to one of
 // the *Data structs) and validates its required fields.
 func (e Envelope) DecodeData() (any, error) {
+	return e.decodeData(nil)
+}
+
+// decodeData is DecodeData. For an intent it also sets *argsHash, when
+// argsHash is not nil, to PayloadHash of the args: validation derives their
+// canonical form anyway, and Apply would otherwise derive it a second time.
+func (e Envelope) decodeData(argsHash *string) (any, error) {
 	d := dataFor(e.Type)
 	if d == nil {
 		return nil, invalid("type", "unknown type %q", e.Type)
 	}
-	if err := strictUnmarshal(e.Data, d); err != nil {
-		return nil, invalid("data", "%v", err)
+	if !fastDecodeData(e.Data, d) {
+		if err := strictUnmarshal(e.Data, d); err != nil {
+			return nil, invalid("data", "%v", err)
+		}
 	}
-	if err := validateData(d); err != nil {
+	if err := validateData(d, argsHash); err != nil {
 		return nil, err
 	}
 	return d, nil
 }
 
-func validateData(d any) error {
+// validateData checks the required fields of d; see decodeData for argsHash.
+func validateData(d any, argsHash *string) error {
 	switch d := d.(type) {
 	case *IntentData:
 		if len(d.Args) == 0 || d.Args[0] != '{' {
@@ -162,8 +186,13 @@ func validateData(d any) error {
 			return invalid("data.principal", "missing")
 		}
 		// An intent whose args cannot be hashed could never be folded.
-		if _, err := Canonicalize(d.Args); err != nil {
+		s := canonGet(d.Args)
+		defer canonPut(s)
+		if err := s.run(); err != nil {
 			return invalid("data.args", "%v", err)
+		}
+		if argsHash != nil {
+			*argsHash = s.hash()
 		}
 	case *IntentRejectedData:
 		if d.Reason == "" {
@@ -227,6 +256,10 @@ func validateData(d any) error {
 // encoding/json would let through but a parser in another language might
 // read differently: unknown fields, names that match only case-insensitively,
 // duplicate names (Go keeps the last, others the first) and trailing data.
+//
+// Decode and DecodeData try fastDecodeEnvelope and fastDecodeData first;
+// those read the common, plainly written events in one pass and leave all
+// others, and so every error message, to strictUnmarshal.
 func strictUnmarshal(b []byte, v any) error {
 	if err := checkObjectNames(b, jsonNames(v)); err != nil {
 		return err
@@ -401,6 +434,9 @@ func jsonNames(v any) map[string]bool {
 // '<' into six, so an event accepted under the size limit could exceed it
 // when re-encoded.
 func marshal(v any) ([]byte, error) {
+	if b, ok := fastMarshal(v); ok {
+		return b, nil
+	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -426,7 +462,7 @@ func Encode(e Envelope) ([]byte, error) {
 	if e.Attempt != 0 {
 		w.Attempt = &e.Attempt
 	}
-	if _, err := w.validate(); err != nil {
+	if _, err := w.validate(w.Data); err != nil {
 		return nil, err
 	}
 	return b, nil

@@ -118,7 +118,8 @@ func Apply(op Operation, e Envelope) (Operation, error) {
 	if op.Seq == 0 && e.Type != IntentRecorded {
 		return illegal("the operation has no intent")
 	}
-	d, err := e.DecodeData()
+	var argsHash string // PayloadHash of an intent's args, a by-product of validating them
+	d, err := e.decodeData(&argsHash)
 	if err != nil {
 		return op, err
 	}
@@ -151,14 +152,10 @@ func Apply(op Operation, e Envelope) (Operation, error) {
 		if op.Seq != 0 {
 			return illegal("operation already exists")
 		}
-		hash, err := PayloadHash(d.Args)
-		if err != nil {
-			return op, invalid("data.args", "%v", err)
-		}
 		due := at.Add(IntentPickupGrace)
 		next = Operation{
 			Key: e.OperationKey, Tool: e.Tool, EffectClass: e.EffectClass,
-			PayloadHash: hash, Principal: d.Principal, Args: d.Args,
+			PayloadHash: argsHash, Principal: d.Principal, Args: d.Args,
 			Status: StatusPending, Phase: PhaseAttempt, DueAt: &due,
 			Seq: e.Seq, CreatedAt: at, UpdatedAt: at,
 		}

@@ -14,11 +14,19 @@ import (
 
 // assertCached checks the seq of the record the projector has cached for
 // key; seq 0 means none.
+// The flush caches its records just after its statement returns, so a row
+// seen in the table may be cached a moment later: poll.
 func assertCached(t *testing.T, run *running, key string, want int64) {
 	t.Helper()
-	seq, ok := projector.CachedSeq(run.projector, key)
-	if !ok {
-		seq = 0
+	var seq int64
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var ok bool
+		if seq, ok = projector.CachedSeq(run.projector, key); !ok {
+			seq = 0
+		}
+		if seq == want || time.Now().After(deadline) {
+			break
+		}
 	}
 	if seq != want {
 		t.Fatalf("cached seq of %s = %d, want %d (0: not cached)", key, seq, want)
