@@ -103,8 +103,17 @@ func (s *Spec) Authorize(principal string) error {
 // the first failing field as a JSON pointer, so a caller (often a model)
 // learns what to fix.
 func (s *Spec) ValidateArgs(args json.RawMessage) error {
-	if len(bytes.TrimSpace(args)) == 0 {
+	args = bytes.TrimSpace(args)
+	if len(args) == 0 {
 		args = json.RawMessage("{}")
+	}
+	if s.schema == nil && len(s.ArgsSchema) == 0 && json.Valid(args) {
+		// No schema: only the shape is checked, without building the tree
+		// a schema would walk (this runs again for every attempt).
+		if args[0] != '{' {
+			return &ArgsError{Tool: s.Name, Reason: "must be a JSON object"}
+		}
+		return nil
 	}
 	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(args))
 	if err != nil {

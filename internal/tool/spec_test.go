@@ -93,6 +93,12 @@ func TestValidateArgsWithoutSchema(t *testing.T) {
 	if err := s.ValidateArgs(json.RawMessage(`[]`)); !IsArgsError(err) {
 		t.Errorf("an array passed: %v", err)
 	}
+	for _, bad := range []string{`{"a":`, `{} {}`, `nul`} {
+		var ae *ArgsError
+		if err := s.ValidateArgs(json.RawMessage(bad)); !errors.As(err, &ae) || !strings.HasPrefix(ae.Reason, "not valid JSON: ") {
+			t.Errorf("ValidateArgs(%q) = %v, want not valid JSON with the decoder's reason", bad, err)
+		}
+	}
 	// An unprepared spec still validates against its schema.
 	raw := &Spec{Name: "raw", Effect: events.Idempotent, ArgsSchema: json.RawMessage(`{"type":"object","required":["x"]}`)}
 	var ae *ArgsError
