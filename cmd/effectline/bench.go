@@ -29,6 +29,7 @@ import (
 // benchConfig is the load of one `effectline bench` run.
 type benchConfig struct {
 	n           int
+	warmup      int // operations run first and not measured
 	rate        int // operations per second; 0 = flat out
 	batch       int // intents per agent transaction
 	concurrency int // agent transactions in flight (flat out)
@@ -52,6 +53,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs := newFlags("bench", stderr)
 	var bc benchConfig
 	fs.IntVar(&bc.n, "n", 5000, "operations to run")
+	fs.IntVar(&bc.warmup, "warmup", 200, "operations run to completion first, not measured (consumer groups joined, connections open)")
 	fs.IntVar(&bc.rate, "rate", 0, "operations per second (0: flat out)")
 	fs.IntVar(&bc.batch, "batch", 20, "intents per agent transaction (flat out)")
 	fs.IntVar(&bc.concurrency, "concurrency", 8, "agent transactions in flight (flat out)")
@@ -73,8 +75,8 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if bc.n <= 0 || bc.batch <= 0 || bc.concurrency <= 0 || bc.rate < 0 || (bc.via != "outbox" && bc.via != "http") {
-		return fmt.Errorf("%w: -n, -batch and -concurrency must be positive, -rate not negative, -via outbox or http", errUsage)
+	if bc.n <= 0 || bc.batch <= 0 || bc.concurrency <= 0 || bc.rate < 0 || bc.warmup < 0 || (bc.via != "outbox" && bc.via != "http") {
+		return fmt.Errorf("%w: -n, -batch and -concurrency must be positive, -rate and -warmup not negative, -via outbox or http", errUsage)
 	}
 	cfg, err := configFromEnv(getenv)
 	if err != nil {
@@ -138,6 +140,17 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	go func() { done <- a.runAll(runCtx, built) }()
 	defer func() { stop(); <-done }()
 
+	// Warm up: the consumer groups join, connections open and the heap
+	// grows while the first operations run; those are not what is measured.
+	if bc.warmup > 0 {
+		wc := bc
+		wc.n = bc.warmup
+		if err := wc.runUntilDone(ctx, runCtx, a, warmupKey, make([]time.Time, wc.n), new(atomic.Int64), 0, io.Discard); err != nil {
+			return fmt.Errorf("bench: warming up: %w", err)
+		}
+	}
+	warmupCalls := sink.calls.Load()
+
 	var before, beforeAll int64
 	_ = a.pool.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&beforeAll)
 	before = a.store.SyncCommits()
@@ -152,33 +165,15 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		fmt.Fprintf(stdout, "bench: %d operations, %s, intents in batches of %d through the outbox, tool %s\n",
 			bc.n, mode, bc.effectiveBatch(), sink.url)
 	}
+	if bc.warmup > 0 {
+		fmt.Fprintf(stdout, "warm-up: %d operations run first, not measured\n", bc.warmup)
+	}
 	committed := make([]time.Time, bc.n)
 	var agentCommits atomic.Int64
 	start := time.Now()
-	loadErr := make(chan error, 1)
-	go func() { loadErr <- bc.load(runCtx, a, committed, &agentCommits) }()
-
-	// Wait for every operation to reach a terminal state in the read model.
-	var finished int
-	deadline := time.Now().Add(bc.timeout)
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	for finished < bc.n && time.Now().Before(deadline) {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case err := <-loadErr:
-			if err != nil {
-				return fmt.Errorf("bench: submitting intents: %w", err)
-			}
-		case <-tick.C:
-		}
-		if err := a.pool.QueryRow(ctx, `SELECT count(*) FROM operation_state WHERE status IN ('completed','failed','compensated')`).Scan(&finished); err != nil {
-			return err
-		}
-		progress(stderr, finished, bc.n, time.Since(start))
+	if err := bc.runUntilDone(ctx, runCtx, a, benchKey, committed, &agentCommits, bc.warmup, stderr); err != nil {
+		return err
 	}
-	fmt.Fprintln(stderr)
 	elapsed := time.Since(start)
 
 	// Latency: from each intent's commit to its terminal row's projection.
@@ -255,7 +250,8 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	throughput := float64(completed) / span.Seconds()
 	dups := sink.duplicates()
 	lost := bc.n - completed
-	fmt.Fprintf(stdout, "completed %d of %d in %.2fs; tool calls %d, effects %d\n", completed, bc.n, span.Seconds(), sink.calls.Load(), sink.effects())
+	fmt.Fprintf(stdout, "completed %d of %d in %.2fs; tool calls %d, effects %d\n", completed, bc.n, span.Seconds(),
+		sink.calls.Load()-warmupCalls, sink.effects()-int(warmupCalls))
 	fmt.Fprintf(stdout, "postgres: %.2f synchronous commits per operation (%d), %.2f transactions of any kind per operation\n",
 		float64(syncCommits)/float64(bc.n), syncCommits, float64(afterAll-beforeAll)/float64(bc.n))
 	fmt.Fprintf(stdout, "bench: ops=%d throughput=%.0f/s p50=%.1fms p95=%.1fms p99=%.1fms tx_per_op=%.2f duplicates=%d lost=%d\n",
@@ -273,11 +269,42 @@ func (bc benchConfig) effectiveBatch() int {
 	return bc.batch
 }
 
-func benchKey(i int) string { return fmt.Sprintf("bench/op-%07d", i) }
+func benchKey(i int) string  { return fmt.Sprintf("bench/op-%07d", i) }
+func warmupKey(i int) string { return fmt.Sprintf("bench/warmup-%07d", i) }
+
+// runUntilDone submits bc.n intents named by key and waits until the read
+// model shows them, and the done operations before them, terminal.
+func (bc benchConfig) runUntilDone(ctx, runCtx context.Context, a *app, key func(int) string, committed []time.Time,
+	commits *atomic.Int64, done int, progressTo io.Writer) error {
+	start := time.Now()
+	loadErr := make(chan error, 1)
+	go func() { loadErr <- bc.load(runCtx, a, key, committed, commits) }()
+	var finished int
+	deadline := time.Now().Add(bc.timeout)
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for finished < done+bc.n && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-loadErr:
+			if err != nil {
+				return fmt.Errorf("bench: submitting intents: %w", err)
+			}
+		case <-tick.C:
+		}
+		if err := a.pool.QueryRow(ctx, `SELECT count(*) FROM operation_state WHERE status IN ('completed','failed','compensated')`).Scan(&finished); err != nil {
+			return err
+		}
+		progress(progressTo, finished-done, bc.n, time.Since(start))
+	}
+	fmt.Fprintln(progressTo)
+	return nil
+}
 
 // load plays the agent service: it appends intents through the outbox in
 // transactions of its own, at the configured rate or as fast as it can.
-func (bc benchConfig) load(ctx context.Context, a *app, committed []time.Time, commits *atomic.Int64) error {
+func (bc benchConfig) load(ctx context.Context, a *app, key func(int) string, committed []time.Time, commits *atomic.Int64) error {
 	batch := bc.effectiveBatch()
 	var next atomic.Int64
 	submit := func() (bool, error) {
@@ -289,7 +316,7 @@ func (bc benchConfig) load(ctx context.Context, a *app, committed []time.Time, c
 		ins := make([]outbox.Intent, 0, hi-lo)
 		for i := lo; i < hi; i++ {
 			ins = append(ins, outbox.Intent{
-				OperationKey: benchKey(i), Tool: "bench.charge", EffectClass: events.Irreversible,
+				OperationKey: key(i), Tool: "bench.charge", EffectClass: events.Irreversible,
 				Args: json.RawMessage(fmt.Sprintf(`{"amount":%d,"currency":"EUR"}`, 100+i%900)), Principal: "bench-agent",
 			})
 		}
