@@ -61,16 +61,16 @@ SELECT p.operation_key, p.topic, o.seq
 const deleteOutboxSQL = `DELETE FROM outbox WHERE id = ANY($1::bigint[])`
 
 // RelayBatch publishes one batch of the outbox, at least once and in order
-// per operation and topic, in one transaction:
+// per operation and topic, in one transaction of three round trips:
 //
-//  1. claim: lock up to limit rows with FOR UPDATE SKIP LOCKED, so relays
-//     running side by side take disjoint rows;
+//  1. claim: BEGIN and, pipelined with it, lock up to limit rows with FOR
+//     UPDATE SKIP LOCKED, so relays running side by side take disjoint rows;
 //  2. guard: keep, per (operation_key, topic), only the claimed rows that are
 //     the lowest seqs of that pair still in the outbox (see below);
 //  3. publish: call publish with the kept rows, sorted by topic, operation
 //     key and seq; the row locks are held meanwhile, which is what keeps a
 //     second relay from publishing the same rows at the same time;
-//  4. mark: delete the published rows and commit.
+//  4. mark: delete the published rows and COMMIT, pipelined.
 //
 // The guard closes this race: relays A and B claim concurrently, A locks
 // seq 1 of an operation and B, skipping it, locks seq 2. Without the guard
@@ -96,27 +96,46 @@ func (s *Store) RelayBatch(ctx context.Context, limit int, publish func([]Outbox
 	if publish == nil {
 		return 0, 0, errNoPublish
 	}
-	tx, err := s.pool.Begin(ctx)
+	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return 0, 0, fmt.Errorf("relay batch: beginning: %w", interpretError(err))
+		return 0, 0, fmt.Errorf("relay batch: %w", interpretError(err))
 	}
-	// After a commit, Rollback is a no-op. WithoutCancel: a cancelled ctx
-	// must still end the transaction, or its locks linger until the pool
-	// notices the connection.
+	defer conn.Release()
+	inTx := false
+	// WithoutCancel: a cancelled ctx must still end the transaction, or its
+	// locks linger until the pool notices the connection.
 	defer func() {
+		if !inTx {
+			return
+		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		_ = tx.Rollback(rctx)
+		if _, err := conn.Exec(rctx, "ROLLBACK"); err != nil {
+			// The connection's state is unknown: do not give it back.
+			_ = conn.Conn().Close(rctx)
+		}
 	}()
 
-	claimed, err := claimOutbox(ctx, tx, limit)
+	var b pgx.Batch
+	b.Queue("BEGIN")
+	b.Queue(claimOutboxSQL, limit)
+	br := conn.SendBatch(ctx, &b)
+	_, err = br.Exec()
+	inTx = err == nil
+	var claimed []OutboxEvent
+	if err == nil {
+		claimed, err = readClaim(br)
+	}
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("relay batch: claiming: %w", interpretError(cerr))
+	}
 	if err != nil {
 		return 0, 0, err
 	}
 	if len(claimed) == 0 {
 		return 0, 0, nil
 	}
-	kept, err := guardOutbox(ctx, tx, claimed)
+	kept, err := guardOutbox(ctx, conn, claimed)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -141,20 +160,19 @@ func (s *Store) RelayBatch(ctx context.Context, limit int, publish func([]Outbox
 	// but the delete, and a delete lost in a crash only means the rows are
 	// published once more, which consumers deduplicate by (key, seq). Not
 	// waiting for the WAL flush takes a disk round trip off every batch.
-	var b pgx.Batch
-	b.Queue(`SET LOCAL synchronous_commit = off`)
-	b.Queue(deleteOutboxSQL, ids)
-	if err := tx.SendBatch(mctx, &b).Close(); err != nil {
+	var m pgx.Batch
+	m.Queue(`SET LOCAL synchronous_commit = off`)
+	m.Queue(deleteOutboxSQL, ids)
+	m.Queue("COMMIT")
+	if err := conn.SendBatch(mctx, &m).Close(); err != nil {
 		return 0, skipped, fmt.Errorf("relay batch: marking %d events published: %w", len(kept), interpretError(err))
 	}
-	if err := tx.Commit(mctx); err != nil {
-		return 0, skipped, fmt.Errorf("relay batch: committing the mark of %d events: %w", len(kept), interpretError(err))
-	}
+	inTx = false
 	return len(kept), skipped, nil
 }
 
-func claimOutbox(ctx context.Context, tx pgx.Tx, limit int) ([]OutboxEvent, error) {
-	rows, err := tx.Query(ctx, claimOutboxSQL, limit)
+func readClaim(br pgx.BatchResults) ([]OutboxEvent, error) {
+	rows, err := br.Query()
 	if err != nil {
 		return nil, fmt.Errorf("relay batch: claiming: %w", interpretError(err))
 	}
@@ -171,13 +189,11 @@ func claimOutbox(ctx context.Context, tx pgx.Tx, limit int) ([]OutboxEvent, erro
 		}
 		// The envelope was validated by events.Encode when it was
 		// journaled, and Raw is published as is; the relay only needs its
-		// attributes for the headers. A plain Unmarshal costs a tenth of the
-		// strict events.Decode (9µs against 90µs for an intent), which was
-		// most of the relay's CPU. The check against the row's own key and
-		// seq still catches a row that is not what it claims to be. Such a
-		// row is not skipped silently: the relay stops on it and says which
-		// row, because publishing around it would break the order of its
-		// operation and dropping it would lose an event.
+		// attributes for the headers. The check against the row's own key
+		// and seq still catches a row that is not what it claims to be.
+		// Such a row is not skipped silently: the relay stops on it and
+		// says which row, because publishing around it would break the
+		// order of its operation and dropping it would lose an event.
 		if err := json.Unmarshal(e.Raw, &e.Envelope); err != nil {
 			return nil, fmt.Errorf("relay batch: outbox row %d (%s seq %d): decoding the event: %w", e.ID, key, seq, err)
 		}
@@ -197,7 +213,7 @@ type outboxPair struct{ key, topic string }
 
 // guardOutbox returns the claimed rows that are the lowest seqs of their
 // (operation_key, topic) pair still in the outbox, sorted by pair and seq.
-func guardOutbox(ctx context.Context, tx pgx.Tx, claimed []OutboxEvent) ([]OutboxEvent, error) {
+func guardOutbox(ctx context.Context, tx querier, claimed []OutboxEvent) ([]OutboxEvent, error) {
 	pairs := make(map[outboxPair]struct{}, len(claimed))
 	var keys, topics []string
 	ids := make([]int64, len(claimed))
