@@ -219,6 +219,13 @@ func appendJSONString(dst []byte, s string) []byte {
 func fastMarshal(v any) ([]byte, bool) {
 	w := fastWriter{ok: true}
 	switch v := v.(type) {
+	case Operation:
+		v.fastMarshal(&w)
+	case *Operation:
+		if v == nil {
+			return nil, false
+		}
+		v.fastMarshal(&w)
 	case Envelope:
 		v.fastMarshal(&w)
 	case *Envelope:
@@ -418,4 +425,41 @@ func (d *DecisionData) fastMarshal(w *fastWriter) {
 	w.strOmit("note", d.Note)
 	w.str("approver", d.Approver)
 	w.timeOmit("retry_at", d.RetryAt)
+}
+
+func (o *Operation) fastMarshal(w *fastWriter) {
+	w.str("operation_key", o.Key)
+	w.str("tool", o.Tool)
+	w.str("effect_class", string(o.EffectClass))
+	w.str("payload_hash", o.PayloadHash)
+	w.str("principal", o.Principal)
+	w.rawOmit("args", o.Args)
+	w.str("status", string(o.Status))
+	w.str("phase", string(o.Phase))
+	w.int("attempt", int64(o.Attempt))
+	w.strOmit("lease_owner", o.LeaseOwner)
+	w.timeOmit("lease_until", o.LeaseUntil)
+	w.timeOmit("due_at", o.DueAt)
+	w.rawOmit("result", o.Result)
+	w.strOmit("downstream_id", o.DownstreamID)
+	w.strOmit("undo_ref", o.UndoRef)
+	w.strOmit("downstream_key", o.DownstreamKey)
+	w.int("compensations", int64(o.Compensations))
+	w.boolOmit("approved", o.Approved)
+	w.strOmit("last_error_class", o.LastErrorClass)
+	w.intOmit("evidence", int64(o.Evidence))
+	if o.Escalation != nil {
+		w.member("escalation")
+		sub := fastWriter{ok: true}
+		o.Escalation.fastMarshal(&sub)
+		b, ok := sub.end()
+		w.ok = w.ok && ok
+		w.b = append(w.b, b...)
+	}
+	w.int("seq", o.Seq)
+	w.timeOmit("first_attempt_at", o.FirstAttemptAt)
+	w.timeOmit("last_attempt_at", o.LastAttemptAt)
+	w.timeOmit("last_outcome_at", o.LastOutcomeAt)
+	w.time("created_at", o.CreatedAt)
+	w.time("updated_at", o.UpdatedAt)
 }

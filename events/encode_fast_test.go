@@ -93,6 +93,10 @@ func fastRandomValue(r *rand.Rand, v reflect.Value) {
 		case *time.Time:
 			t := fastRandomTime(r)
 			f.Set(reflect.ValueOf(&t))
+		case *EscalationData:
+			var d EscalationData
+			fastRandomValue(r, reflect.ValueOf(&d).Elem())
+			f.Set(reflect.ValueOf(&d))
 		default:
 			switch f.Kind() {
 			case reflect.String:
@@ -126,7 +130,17 @@ func TestFastMarshalMatchesEncodingJSON(t *testing.T) {
 		fastDiffMarshal(t, e)
 		fastDiffMarshal(t, &e)
 	}
-	for _, v := range []any{nil, 1, "s", (*IntentData)(nil), (*Envelope)(nil), map[string]int{"a": 1}, IntentData{}, Envelope{}} {
+	at := time.Date(2026, 11, 30, 7, 0, 0, 123456789, time.UTC)
+	op := Operation{Key: "order-7/charge", Tool: "payments.charge", EffectClass: Irreversible, PayloadHash: "ab",
+		Principal: "billing-agent", Args: json.RawMessage(`{"amount":1299}`), Status: StatusNeedsReconciliation,
+		Phase: PhaseAttempt, Attempt: 2, LeaseUntil: &at, Result: json.RawMessage(`{"id":"ch_1"}`),
+		Escalation: &EscalationData{Reason: "unknown", Request: json.RawMessage(`{}`), ProposedAction: ActionRetry},
+		Seq:        5, LastOutcomeAt: &at, CreatedAt: at, UpdatedAt: at}
+	if _, ok := fastMarshal(op); !ok {
+		t.Error("fastMarshal declined an operation record")
+	}
+	fastDiffMarshal(t, op)
+	for _, v := range []any{nil, 1, "s", (*IntentData)(nil), (*Envelope)(nil), (*Operation)(nil), map[string]int{"a": 1}, IntentData{}, Envelope{}, Operation{}} {
 		fastDiffMarshal(t, v)
 	}
 
@@ -144,6 +158,10 @@ func TestFastMarshalMatchesEncodingJSON(t *testing.T) {
 		var e Envelope
 		fastRandomValue(r, reflect.ValueOf(&e).Elem())
 		fastDiffMarshal(t, e)
+		var op Operation
+		fastRandomValue(r, reflect.ValueOf(&op).Elem())
+		fastDiffMarshal(t, op)
+		fastDiffMarshal(t, &op)
 	}
 }
 

@@ -92,7 +92,7 @@ type rows struct {
 func rowsOf(ops []events.Operation) (*rows, error) {
 	r := &rows{}
 	for _, op := range ops {
-		record, err := json.Marshal(op)
+		record, err := events.MarshalOperation(op)
 		if err != nil {
 			return nil, fmt.Errorf("encoding the record of %s: %w", op.Key, err)
 		}

@@ -3,7 +3,6 @@ package store
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -118,7 +117,7 @@ func prepare(a Append) (prepared, error) {
 	if err != nil {
 		return prepared{}, fmt.Errorf("append to %s: %w", a.Events[0].OperationKey, err)
 	}
-	record, err := json.Marshal(next)
+	record, err := events.MarshalOperation(next)
 	if err != nil {
 		return prepared{}, fmt.Errorf("append to %s: encoding the record: %w", next.Key, err)
 	}
