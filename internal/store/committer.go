@@ -17,12 +17,20 @@ var ErrCommitterStopped = errors.New("committer stopped")
 // There is no waiting window: a flusher takes whatever is queued when it is
 // free, so at low load an append commits alone and at once, and under load
 // batches grow by themselves while the previous commit is in flight.
+//
+// One flusher runs all the time. The others help only while there is a
+// backlog (a flusher just took at least BacklogBatch appends): a second
+// transaction in flight at moderate load only splits the batches, one more
+// synchronous commit each, while under a backlog one backend executing
+// every append in turn is the pipeline's bottleneck.
 type Committer struct {
-	store    *Store
-	reqs     chan *commitReq
-	maxBatch int
-	flushers int
-	done     chan struct{}
+	store        *Store
+	reqs         chan *commitReq
+	maxBatch     int
+	flushers     int
+	backlogBatch int
+	backlog      chan struct{} // wakes a helping flusher
+	done         chan struct{}
 }
 
 type commitReq struct {
@@ -37,6 +45,9 @@ type CommitterConfig struct {
 	MaxBatch int
 	// Flushers is how many transactions may be in flight at once. Default 4.
 	Flushers int
+	// BacklogBatch is the batch size from which flushers beyond the first
+	// help. Default 32.
+	BacklogBatch int
 }
 
 func (c CommitterConfig) withDefaults() CommitterConfig {
@@ -46,6 +57,9 @@ func (c CommitterConfig) withDefaults() CommitterConfig {
 	if c.Flushers <= 0 {
 		c.Flushers = 4
 	}
+	if c.BacklogBatch <= 0 {
+		c.BacklogBatch = 32
+	}
 	return c
 }
 
@@ -53,11 +67,13 @@ func (c CommitterConfig) withDefaults() CommitterConfig {
 func (s *Store) NewCommitter(cfg CommitterConfig) *Committer {
 	cfg = cfg.withDefaults()
 	return &Committer{
-		store:    s,
-		reqs:     make(chan *commitReq, cfg.MaxBatch*cfg.Flushers),
-		maxBatch: cfg.MaxBatch,
-		flushers: cfg.Flushers,
-		done:     make(chan struct{}),
+		store:        s,
+		reqs:         make(chan *commitReq, cfg.MaxBatch*cfg.Flushers),
+		maxBatch:     cfg.MaxBatch,
+		flushers:     cfg.Flushers,
+		backlogBatch: cfg.BacklogBatch,
+		backlog:      make(chan struct{}, cfg.Flushers),
+		done:         make(chan struct{}),
 	}
 }
 
@@ -69,7 +85,7 @@ func (c *Committer) Run(ctx context.Context) error {
 	for i := 0; i < c.flushers; i++ {
 		go func() {
 			defer func() { finished <- struct{}{} }()
-			c.flushLoop(ctx)
+			c.flushLoop(ctx, i == 0)
 		}()
 	}
 	for i := 0; i < c.flushers; i++ {
@@ -86,10 +102,20 @@ func (c *Committer) Run(ctx context.Context) error {
 	}
 }
 
-func (c *Committer) flushLoop(ctx context.Context) {
+// flushLoop is one flusher. The first one always takes work; the others
+// take one batch per backlog signal: the appends that arrive while the
+// flusher that saw the backlog commits.
+func (c *Committer) flushLoop(ctx context.Context, first bool) {
 	batch := make([]*commitReq, 0, c.maxBatch)
 	for {
 		batch = batch[:0]
+		if !first {
+			select {
+			case <-ctx.Done():
+				return
+			case <-c.backlog:
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -103,6 +129,12 @@ func (c *Committer) flushLoop(ctx context.Context) {
 				batch = append(batch, r)
 			default:
 				break drain
+			}
+		}
+		if len(batch) >= c.backlogBatch {
+			select {
+			case c.backlog <- struct{}{}:
+			default:
 			}
 		}
 		c.flush(ctx, batch)
