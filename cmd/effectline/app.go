@@ -114,14 +114,13 @@ func newApp(ctx context.Context, o appOptions) (*app, error) {
 		}
 	}
 	a.store = store.New(a.pool)
-	// One flusher, and a second only while a backlog lasts: at a moderate
-	// rate a second transaction in flight mostly splits what would have
-	// been one batch (`effectline bench -rate 500`: 1.09 synchronous commits
-	// per operation with one flusher, 1.24 with two, 1.94 with four, at the
-	// same latency), while flat out one backend executing every append in
-	// turn held the executor back (1,183–1,347/s against 1,393–1,419/s with
-	// the backlog helper; docs/benchmarks.md).
-	a.committer = a.store.NewCommitter(store.CommitterConfig{Flushers: 2})
+	// One flusher, and up to three more only while a backlog lasts: at a
+	// moderate rate a second transaction in flight mostly splits what would
+	// have been one batch (`effectline bench -rate 500`: 1.09 synchronous
+	// commits per operation with one flusher, 1.24 with two, 1.94 with four
+	// always on, at the same latency), while flat out one backend executing
+	// every append in turn held the executor back (docs/benchmarks.md).
+	a.committer = a.store.NewCommitter(store.CommitterConfig{Flushers: 4})
 	a.tools = o.tools
 	if a.tools == nil {
 		switch {
