@@ -234,6 +234,8 @@ func (e *Executor) advance(ctx context.Context, op events.Operation, mode advanc
 		next, err := e.committer.Append(ctx, store.Append{
 			Base: op, Events: st.events, Traceparent: kafka.TraceparentFrom(spanCtx), TopicPrefix: e.cfg.Kafka.TopicPrefix,
 			IntentEventID: mode.intentEventID,
+			// A claim's event can wait for the outcome's to be published.
+			Unhurried: st.kind != stepJournal,
 		})
 		if err != nil {
 			if span != nil {

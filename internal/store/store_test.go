@@ -226,6 +226,32 @@ func TestAppendAfterIntentRequiresThatIntent(t *testing.T) {
 	}
 }
 
+// Unhurried appends (the executor's claims) commit like any other but do
+// not wake the relay; a batch with one hurried append does.
+func TestUnhurriedAppendsDoNotWakeTheRelay(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	var wakes int
+	s.OnAppend(func() { wakes++ })
+	a, b := create(t, s, "a"), create(t, s, "b")
+	wakes = 0
+	res := s.AppendBatch(ctx, []store.Append{{Base: a, Events: []events.Envelope{started(t, a, "w1")}, Unhurried: true}})
+	if res[0].Err != nil || wakes != 0 {
+		t.Fatalf("unhurried append: %v, %d wake-ups, want committed and none", res[0].Err, wakes)
+	}
+	if got, _ := s.Load(ctx, "a"); got.Seq != 2 {
+		t.Fatalf("unhurried append not committed: seq %d", got.Seq)
+	}
+	res = s.AppendBatch(ctx, []store.Append{
+		{Base: b, Events: []events.Envelope{started(t, b, "w1")}, Unhurried: true},
+		{Events: []events.Envelope{intent(t, "c", `{"x":1}`)}},
+	})
+	if res[0].Err != nil || res[1].Err != nil || wakes != 1 {
+		t.Fatalf("mixed batch: %+v, %d wake-ups, want both committed and one", res, wakes)
+	}
+}
+
 func TestAppendRejectsIllegalTransitions(t *testing.T) {
 	t.Parallel()
 	s := setup(t)
