@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/effectline/effectline/events"
@@ -67,25 +66,17 @@ WITH head AS (
     UPDATE operations
        SET status = $3, seq = $4, lease_until = $5, due_at = $6, record = $7, updated_at = $8
      WHERE operation_key = $1 AND seq = $2
-    RETURNING 1
-), ev AS (
-    INSERT INTO events (operation_key, seq, event_id, type, envelope, traceparent, occurred_at)
-    SELECT $1, u.seq, u.event_id, u.type, u.envelope, $9, u.occurred_at
-      FROM unnest($10::bigint[], $11::text[], $12::text[], $13::bytea[], $14::timestamptz[])
-           AS u(seq, event_id, type, envelope, occurred_at)
-     WHERE EXISTS (SELECT 1 FROM head)
-), ob AS (
-    INSERT INTO outbox (operation_key, seq, topic)
-    SELECT $1, o.seq, o.topic FROM unnest($15::bigint[], $16::text[]) AS o(seq, topic)
-     WHERE EXISTS (SELECT 1 FROM head)
-)
-SELECT count(*) FROM head`
+    RETURNING 1` + appendRowsSQL
 
 // appendAfterIntentSQL is appendSQL that also requires the operation's
 // intent (seq 1) to be the event $17.
-var appendAfterIntentSQL = strings.Replace(appendSQL,
-	"WHERE operation_key = $1 AND seq = $2\n",
-	"WHERE operation_key = $1 AND seq = $2\n       AND EXISTS (SELECT 1 FROM events i WHERE i.operation_key = $1 AND i.seq = 1 AND i.event_id = $17)\n", 1)
+const appendAfterIntentSQL = `
+WITH head AS (
+    UPDATE operations
+       SET status = $3, seq = $4, lease_until = $5, due_at = $6, record = $7, updated_at = $8
+     WHERE operation_key = $1 AND seq = $2
+       AND EXISTS (SELECT 1 FROM events i WHERE i.operation_key = $1 AND i.seq = 1 AND i.event_id = $17)
+    RETURNING 1` + appendRowsSQL
 
 // createSQL is appendSQL for the first step of a new operation.
 const createSQL = `
@@ -94,7 +85,11 @@ WITH head AS (
                             lease_until, due_at, record, created_at, updated_at)
     VALUES ($1, $17, $18, $19, $3, $4, $5, $6, $7, $8, $8)
     ON CONFLICT (operation_key) DO NOTHING
-    RETURNING $2::bigint
+    RETURNING $2::bigint` + appendRowsSQL
+
+// appendRowsSQL ends every append: the events and their outbox rows,
+// written only if the head CTE wrote its row.
+const appendRowsSQL = `
 ), ev AS (
     INSERT INTO events (operation_key, seq, event_id, type, envelope, traceparent, occurred_at)
     SELECT $1, u.seq, u.event_id, u.type, u.envelope, $9, u.occurred_at
