@@ -12,28 +12,15 @@ import (
 	"github.com/effectline/effectline/internal/store"
 )
 
-// handleBatch handles the intent messages of one partition that were
-// fetched together, concurrently, and returns once every one of them is
-// safe to leave behind: its first step is claimed (or its intent at least
-// journaled). Their claims share the committer's group commits, so a
-// partition is not a serial queue of commits, and the offsets are committed
-// only for intents that are durable. An error hands the batch over again,
-// which is harmless: a claimed operation is found moved on and skipped.
-func (e *Executor) handleBatch(ctx context.Context, msgs []*sarama.ConsumerMessage) error {
-	errs := make(chan error, len(msgs))
-	for _, m := range msgs {
-		go func() { errs <- e.handleIntent(ctx, m) }()
-	}
-	var first error
-	for range msgs {
-		if err := <-errs; err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
-}
-
-// handleIntent handles one message of the intents topic. The operation
+// handleIntent handles one message of the intents topic. The intents of a
+// partition fetched together are handled concurrently (kafka.Concurrently),
+// so their claims share the committer's group commits, and the batch's
+// offsets are committed once every one of them is safe to leave behind: its
+// first step claimed, or its intent at least journaled. An error hands the
+// batch over again, which is harmless: a claimed operation is found moved on
+// and skipped.
+//
+// The operation
 // usually stands exactly at the intent this message carries (the outbox or
 // the API journaled it, the relay published it), so the first step is
 // decided from the message alone and claimed on condition that the

@@ -185,7 +185,7 @@ func (e *Executor) Run(ctx context.Context) error {
 	intakeCtx, stopIntake := context.WithCancel(ctx)
 	defer stopIntake()
 	intake, err := kafka.NewBatchConsumer(e.cfg.Kafka, e.cfg.Group, e.cfg.Kafka.Topic(events.TopicIntents),
-		e.cfg.Concurrency, e.handleBatch, e.cfg.Logger)
+		e.cfg.Concurrency, kafka.Concurrently(e.handleIntent), e.cfg.Logger)
 	if err != nil {
 		return fmt.Errorf("executor: %w", err)
 	}

@@ -182,7 +182,7 @@ func (p *Projector) Run(ctx context.Context) error {
 	p.batcher.pool = pool
 
 	consumer, err := kafka.NewBatchConsumer(p.cfg.Kafka, p.cfg.Group, p.cfg.Kafka.Topic(events.TopicOutcomes),
-		p.cfg.MaxBatch, p.handleBatch, p.cfg.Logger)
+		p.cfg.MaxBatch, kafka.Concurrently(p.handle), p.cfg.Logger)
 	if err != nil {
 		return fmt.Errorf("projector: %w", err)
 	}
@@ -240,26 +240,12 @@ func openWritePool(ctx context.Context, st *store.Store, conns int, syncCommit b
 	return pool, pool.Close, nil
 }
 
-// handleBatch projects the messages of one partition that were fetched
-// together. They join the batcher's group commit together, so a partition
-// is not a serial queue of commits. A nil return commits their offsets; an
+// handle projects one message. The messages of a partition fetched together
+// are handled concurrently (kafka.Concurrently) and join the batcher's group
+// commit together, so a partition is not a serial queue of commits. An
 // error (nothing was committed for some event) has the whole batch handed
 // over again, which is harmless: events at or below a row's seq are skipped.
-func (p *Projector) handleBatch(ctx context.Context, msgs []*sarama.ConsumerMessage) error {
-	errs := make(chan error, len(msgs))
-	for _, m := range msgs {
-		go func() { errs <- p.handle(ctx, m) }()
-	}
-	var first error
-	for range msgs {
-		if err := <-errs; err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
-}
-
-// handle projects one message. Returning nil lets its offset be committed;
+// Returning nil lets its offset be committed;
 // returning an error has it redelivered, which only a commit that failed
 // may do.
 func (p *Projector) handle(ctx context.Context, msg *sarama.ConsumerMessage) error {

@@ -15,6 +15,26 @@ import (
 // messages are handed over again after a backoff. It must be idempotent.
 type BatchHandler func(ctx context.Context, msgs []*sarama.ConsumerMessage) error
 
+// Concurrently is a BatchHandler that runs h on every message of a batch at
+// once, each in its own goroutine, and fails the batch if any call fails.
+// Handlers whose work ends in a group commit use it so that a partition's
+// messages share commits instead of queueing for one each.
+func Concurrently(h func(ctx context.Context, msg *sarama.ConsumerMessage) error) BatchHandler {
+	return func(ctx context.Context, msgs []*sarama.ConsumerMessage) error {
+		errs := make(chan error, len(msgs))
+		for _, m := range msgs {
+			go func() { errs <- h(ctx, m) }()
+		}
+		var first error
+		for range msgs {
+			if err := <-errs; err != nil && first == nil {
+				first = err
+			}
+		}
+		return first
+	}
+}
+
 // BatchConsumer is a consumer group that hands a partition's messages over
 // in batches: every message already fetched, up to MaxBatch, at once.
 //

@@ -2,10 +2,14 @@ package kafka_test
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/effectline/effectline/internal/kafka"
@@ -35,5 +39,30 @@ func TestWatermillLoggerIsOneLevelQuieter(t *testing.T) {
 	if !strings.Contains(got, "message") || !strings.Contains(got, "topic=t") || !strings.Contains(got, "offset=1") ||
 		!strings.Contains(got, "level=DEBUG msg=rebalanced") || !strings.Contains(got, "component=watermill") {
 		t.Fatalf("at Trace, watermill logged:\n%s", got)
+	}
+}
+
+func TestConcurrentlyHandlesEveryMessageAndFailsTheBatch(t *testing.T) {
+	msgs := make([]*sarama.ConsumerMessage, 20)
+	for i := range msgs {
+		msgs[i] = &sarama.ConsumerMessage{Offset: int64(i)}
+	}
+	var seen atomic.Int64
+	boom := errors.New("boom")
+	h := kafka.Concurrently(func(_ context.Context, m *sarama.ConsumerMessage) error {
+		seen.Add(1)
+		if m.Offset == 7 {
+			return boom
+		}
+		return nil
+	})
+	if err := h(context.Background(), msgs); !errors.Is(err, boom) {
+		t.Fatalf("batch error = %v, want the failing message's", err)
+	}
+	if seen.Load() != int64(len(msgs)) {
+		t.Fatalf("handled %d of %d messages", seen.Load(), len(msgs))
+	}
+	if err := h(context.Background(), msgs[:7]); err != nil {
+		t.Fatalf("a batch without failures: %v", err)
 	}
 }
