@@ -213,9 +213,13 @@ func appendJSONString(dst []byte, s string) []byte {
 	return append(dst, '"')
 }
 
-// fastMarshal is marshal(v) for an Envelope or a *Data struct (a value or
+// fastMarshal is marshal(v) for an Envelope, a *Data struct or an Operation (a value or
 // a non-nil pointer); false for any other v, or when a value needs
 // encoding/json.
+//
+// The type switch is long on purpose: a call through an interface would let
+// the writer escape to the heap, one more allocation for every event (an
+// interface version measured 7 allocations per Encode against 6).
 func fastMarshal(v any) ([]byte, bool) {
 	w := fastWriter{ok: true}
 	switch v := v.(type) {
