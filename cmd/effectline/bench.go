@@ -171,10 +171,12 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	committed := make([]time.Time, bc.n)
 	var agentCommits atomic.Int64
 	start := time.Now()
+	cpuBefore := sampleCPU()
 	if err := bc.runUntilDone(ctx, runCtx, a, benchKey, committed, &agentCommits, bc.warmup, stderr); err != nil {
 		return err
 	}
 	elapsed := time.Since(start)
+	cpuProcess, cpuMachine := sampleCPU().perOp(cpuBefore, bc.n)
 
 	// Latency: from each intent's commit to its terminal row's projection.
 	rows, err := a.pool.Query(ctx, `SELECT operation_key, projected_at, status FROM operation_state`)
@@ -254,6 +256,10 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		sink.calls.Load()-warmupCalls, sink.effects()-int(warmupCalls))
 	fmt.Fprintf(stdout, "postgres: %.2f synchronous commits per operation (%d), %.2f transactions of any kind per operation\n",
 		float64(syncCommits)/float64(bc.n), syncCommits, float64(afterAll-beforeAll)/float64(bc.n))
+	if cpuMachine > 0 {
+		fmt.Fprintf(stdout, "cpu: %.2f ms per operation on the whole machine, %.2f ms of it in this process (the rest is PostgreSQL and whatever else runs)\n",
+			cpuMachine, cpuProcess)
+	}
 	fmt.Fprintf(stdout, "bench: ops=%d throughput=%.0f/s p50=%.1fms p95=%.1fms p99=%.1fms tx_per_op=%.2f duplicates=%d lost=%d\n",
 		bc.n, throughput, pct(0.50), pct(0.95), pct(0.99), float64(syncCommits)/float64(bc.n), dups, lost)
 	if dups > 0 || lost > 0 {
