@@ -26,60 +26,65 @@ type OutboxEvent struct {
 }
 
 // claimOutboxSQL locks up to $1 outbox rows that nobody else holds, oldest
-// first, with the event each one publishes. LIMIT applies after SKIP LOCKED
-// (the lock step runs under the limit), so rows held by another relay do not
-// use up the batch. ORDER BY id is for fairness only: ids commit out of
-// order, so nothing here treats them as a cursor; a row that commits late
+// first, with the event each one publishes and whether the order guard lets
+// it go now (see RelayBatch). LIMIT applies after SKIP
+// LOCKED (the lock step runs under the limit), so rows held by another relay
+// do not use up the batch. ORDER BY id is for fairness only: ids commit out
+// of order, so nothing here treats them as a cursor; a row that commits late
 // with a low id is simply picked up by the next claim.
+//
+// Each claimed row reads its event by primary key: LIMIT 1 keeps the
+// LATERAL from being flattened into a join, which the planner, reusing a
+// generic plan made while the tables were small, ran as a hash join over a
+// sequential scan of the whole journal.
+//
+// The guard is one probe per claimed row on the (operation_key, topic, seq)
+// index: is there a lower seq of the same pair still in the outbox that this
+// claim does not hold? It reads the statement's snapshot without locking, so
+// rows held by another relay and rows beyond the LIMIT count as "not ours".
 const claimOutboxSQL = `
-SELECT o.id, o.operation_key, o.seq, o.topic, e.envelope, e.traceparent
-  FROM outbox o
-  JOIN events e ON e.operation_key = o.operation_key AND e.seq = o.seq
- ORDER BY o.id
- LIMIT $1
-   FOR UPDATE OF o SKIP LOCKED`
-
-// outboxGuardSQL returns, for each (operation_key, topic) pair of a claim,
-// the lowest seq still in the outbox that the claim does not hold. It reads
-// without locking: rows held by another relay, rows beyond this claim's
-// LIMIT and rows committed since the claim's snapshot are all "not ours".
-// The LATERAL form walks each pair's rows in seq order on the
-// (operation_key, topic, seq) index and stops at the first row not ours; a
-// plain join with GROUP BY was planned as a scan and sort of the whole
-// outbox: 30ms per batch on a 24,000-row backlog, against a few ms now.
-const outboxGuardSQL = `
-SELECT p.operation_key, p.topic, o.seq
-  FROM unnest($1::text[], $2::text[]) AS p(operation_key, topic)
+WITH claim AS MATERIALIZED (
+    SELECT o.id, o.operation_key, o.seq, o.topic
+      FROM outbox o
+     ORDER BY o.id
+     LIMIT $1
+       FOR UPDATE OF o SKIP LOCKED
+)
+SELECT c.id, c.operation_key, c.seq, c.topic, e.envelope, e.traceparent,
+       NOT EXISTS (
+           SELECT 1 FROM outbox b
+            WHERE b.operation_key = c.operation_key AND b.topic = c.topic AND b.seq < c.seq
+              AND b.id <> ALL (ARRAY(SELECT id FROM claim))) AS publishable
+  FROM claim c
  CROSS JOIN LATERAL (
-       SELECT o.seq FROM outbox o
-        WHERE o.operation_key = p.operation_key AND o.topic = p.topic
-          AND o.id <> ALL($3::bigint[])
-        ORDER BY o.seq
-        LIMIT 1) o`
+       SELECT e.envelope, e.traceparent FROM events e
+        WHERE e.operation_key = c.operation_key AND e.seq = c.seq
+        LIMIT 1) e`
 
 const deleteOutboxSQL = `DELETE FROM outbox WHERE id = ANY($1::bigint[])`
 
 // RelayBatch publishes one batch of the outbox, at least once and in order
-// per operation and topic, in one transaction of three round trips:
+// per operation and topic, in one transaction of two round trips:
 //
-//  1. claim: BEGIN and, pipelined with it, lock up to limit rows with FOR
-//     UPDATE SKIP LOCKED, so relays running side by side take disjoint rows;
-//  2. guard: keep, per (operation_key, topic), only the claimed rows that are
-//     the lowest seqs of that pair still in the outbox (see below);
-//  3. publish: call publish with the kept rows, sorted by topic, operation
+//  1. claim: BEGIN and, pipelined with it, one statement that locks up to
+//     limit rows with FOR UPDATE SKIP LOCKED, so relays running side by side
+//     take disjoint rows, and tells for each whether the order guard keeps
+//     it: whether it is the lowest seq of its (operation_key, topic) still
+//     in the outbox apart from the rows this claim holds (see below);
+//  2. publish: call publish with the kept rows, sorted by topic, operation
 //     key and seq; the row locks are held meanwhile, which is what keeps a
 //     second relay from publishing the same rows at the same time;
-//  4. mark: delete the published rows and COMMIT, pipelined.
+//  3. mark: delete the published rows and COMMIT, pipelined.
 //
 // The guard closes this race: relays A and B claim concurrently, A locks
 // seq 1 of an operation and B, skipping it, locks seq 2. Without the guard
 // B could publish seq 2 before A publishes seq 1. With it B sees seq 1 still
 // in the outbox, not held by B, and leaves seq 2 for a later round (its lock
-// ends with B's transaction). Seq n+1 of an operation is only ever written
-// after the transaction that wrote seq n committed (the append of n+1 is
-// conditional on the head being at n), so a row of lower seq can never
-// appear after the guard looked: if the guard does not see it, it was
-// published and its delete committed, after Kafka acknowledged it.
+// ends with B's transaction). The claim and the guard read one snapshot.
+// Seq n+1 of an operation is only ever written after the transaction that
+// wrote seq n committed (the append of n+1 is conditional on the head being
+// at n), so if the snapshot holds seq n+1 it holds seq n too, unless seq n's
+// delete had committed, after Kafka acknowledged it.
 //
 // publish is never called with an empty batch. If publish fails, nothing
 // is deleted and the rows are published again by a later batch. If the
@@ -121,9 +126,9 @@ func (s *Store) RelayBatch(ctx context.Context, limit int, publish func([]Outbox
 	br := conn.SendBatch(ctx, &b)
 	_, err = br.Exec()
 	inTx = err == nil
-	var claimed []OutboxEvent
+	var kept []OutboxEvent
 	if err == nil {
-		claimed, err = readClaim(br)
+		kept, skipped, err = readClaim(br)
 	}
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("relay batch: claiming: %w", interpretError(cerr))
@@ -131,14 +136,6 @@ func (s *Store) RelayBatch(ctx context.Context, limit int, publish func([]Outbox
 	if err != nil {
 		return 0, 0, err
 	}
-	if len(claimed) == 0 {
-		return 0, 0, nil
-	}
-	kept, err := guardOutbox(ctx, conn, claimed)
-	if err != nil {
-		return 0, 0, err
-	}
-	skipped = len(claimed) - len(kept)
 	if len(kept) == 0 {
 		return 0, skipped, nil
 	}
@@ -170,21 +167,27 @@ func (s *Store) RelayBatch(ctx context.Context, limit int, publish func([]Outbox
 	return len(kept), skipped, nil
 }
 
-func readClaim(br pgx.BatchResults) ([]OutboxEvent, error) {
+// readClaim reads the claim's rows and returns the ones the guard keeps,
+// sorted by topic, operation key and seq, and how many it held back.
+func readClaim(br pgx.BatchResults) (kept []OutboxEvent, held int, err error) {
 	rows, err := br.Query()
 	if err != nil {
-		return nil, fmt.Errorf("relay batch: claiming: %w", interpretError(err))
+		return nil, 0, fmt.Errorf("relay batch: claiming: %w", interpretError(err))
 	}
 	defer rows.Close()
-	var out []OutboxEvent
 	for rows.Next() {
 		var (
-			e   OutboxEvent
-			key string
-			seq int64
+			e           OutboxEvent
+			key         string
+			seq         int64
+			publishable bool
 		)
-		if err := rows.Scan(&e.ID, &key, &seq, &e.Topic, &e.Raw, &e.Traceparent); err != nil {
-			return nil, fmt.Errorf("relay batch: claiming: %w", err)
+		if err := rows.Scan(&e.ID, &key, &seq, &e.Topic, &e.Raw, &e.Traceparent, &publishable); err != nil {
+			return nil, 0, fmt.Errorf("relay batch: claiming: %w", err)
+		}
+		if !publishable {
+			held++
+			continue
 		}
 		// Raw is published as is; the relay needs the envelope's attributes
 		// for the headers. The strict decoder is the cheap one (1.8 µs
@@ -196,62 +199,17 @@ func readClaim(br pgx.BatchResults) ([]OutboxEvent, error) {
 		// lose an event.
 		env, err := events.Decode(e.Raw)
 		if err != nil {
-			return nil, fmt.Errorf("relay batch: outbox row %d (%s seq %d): decoding the event: %w", e.ID, key, seq, err)
+			return nil, 0, fmt.Errorf("relay batch: outbox row %d (%s seq %d): decoding the event: %w", e.ID, key, seq, err)
 		}
 		e.Envelope = env
 		if env.OperationKey != key || env.Seq != seq {
-			return nil, fmt.Errorf("relay batch: outbox row %d (%s seq %d): the journaled event is %s seq %d: %w",
+			return nil, 0, fmt.Errorf("relay batch: outbox row %d (%s seq %d): the journaled event is %s seq %d: %w",
 				e.ID, key, seq, env.OperationKey, env.Seq, events.ErrInvalidEvent)
 		}
-		out = append(out, e)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("relay batch: claiming: %w", interpretError(err))
-	}
-	return out, nil
-}
-
-type outboxPair struct{ key, topic string }
-
-// guardOutbox returns the claimed rows that are the lowest seqs of their
-// (operation_key, topic) pair still in the outbox, sorted by pair and seq.
-func guardOutbox(ctx context.Context, tx querier, claimed []OutboxEvent) ([]OutboxEvent, error) {
-	pairs := make(map[outboxPair]struct{}, len(claimed))
-	var keys, topics []string
-	ids := make([]int64, len(claimed))
-	for i, e := range claimed {
-		ids[i] = e.ID
-		p := outboxPair{e.Envelope.OperationKey, e.Topic}
-		if _, ok := pairs[p]; !ok {
-			pairs[p] = struct{}{}
-			keys = append(keys, p.key)
-			topics = append(topics, p.topic)
-		}
-	}
-	rows, err := tx.Query(ctx, outboxGuardSQL, keys, topics, ids)
-	if err != nil {
-		return nil, fmt.Errorf("relay batch: reading the order guard: %w", interpretError(err))
-	}
-	defer rows.Close()
-	firstNotOurs := make(map[outboxPair]int64)
-	for rows.Next() {
-		var p outboxPair
-		var seq int64
-		if err := rows.Scan(&p.key, &p.topic, &seq); err != nil {
-			return nil, fmt.Errorf("relay batch: reading the order guard: %w", err)
-		}
-		firstNotOurs[p] = seq
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("relay batch: reading the order guard: %w", interpretError(err))
-	}
-
-	kept := make([]OutboxEvent, 0, len(claimed))
-	for _, e := range claimed {
-		if limit, ok := firstNotOurs[outboxPair{e.Envelope.OperationKey, e.Topic}]; ok && e.Envelope.Seq > limit {
-			continue
-		}
 		kept = append(kept, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("relay batch: claiming: %w", interpretError(err))
 	}
 	slices.SortFunc(kept, func(a, b OutboxEvent) int {
 		return cmp.Or(
@@ -260,7 +218,7 @@ func guardOutbox(ctx context.Context, tx querier, claimed []OutboxEvent) ([]Outb
 			cmp.Compare(a.Envelope.Seq, b.Envelope.Seq),
 		)
 	})
-	return kept, nil
+	return kept, held, nil
 }
 
 // OutboxBacklog returns how many rows wait in the outbox and when the
