@@ -86,7 +86,7 @@ type batcher struct {
 	flushers int
 	timeout  time.Duration
 
-	reqs chan *request
+	reqs chan []*request // groups, see submit
 	done chan struct{}
 }
 
@@ -114,36 +114,52 @@ func (b *batcher) run(ctx context.Context) {
 func (b *batcher) failQueued() {
 	for {
 		select {
-		case r := <-b.reqs:
-			r.resp <- response{err: errStopped}
+		case g := <-b.reqs:
+			for _, r := range g {
+				r.resp <- response{err: errStopped}
+			}
 		default:
 			return
 		}
 	}
 }
 
-// submit queues one event and waits until its row is committed (or it is
-// known that nothing was).
-func (b *batcher) submit(ctx context.Context, e events.Envelope) (result, error) {
-	r := &request{ctx: ctx, env: e, resp: make(chan response, 1)}
-	select {
-	case b.reqs <- r:
-	case <-b.done:
-		return result{}, errStopped
-	case <-ctx.Done():
-		return result{}, ctx.Err()
+// submit queues events as one group and waits until their rows are
+// committed (or it is known that nothing was). A group is never split
+// between flushes, so the events of one operation delivered together (a
+// claim and its outcome, published in one relay batch) are folded into one
+// write of its row. ctxs[i] is the context of envs[i].
+func (b *batcher) submit(ctxs []context.Context, envs []events.Envelope) []response {
+	group := make([]*request, len(envs))
+	for i, e := range envs {
+		group[i] = &request{ctx: ctxs[i], env: e, resp: make(chan response, 1)}
+	}
+	out := make([]response, len(group))
+	fail := func(err error) []response {
+		for i := range out {
+			out[i] = response{err: err}
+		}
+		return out
 	}
 	select {
-	case res := <-r.resp:
-		return res.result, res.err
+	case b.reqs <- group:
 	case <-b.done:
-		// The flushers are gone, so every request they took is answered; one
-		// still queued (ours, if it slipped in while run was draining) is
-		// answered here.
-		b.failQueued()
-		res := <-r.resp
-		return res.result, res.err
+		return fail(errStopped)
+	case <-ctxs[0].Done():
+		return fail(ctxs[0].Err())
 	}
+	for i, r := range group {
+		select {
+		case out[i] = <-r.resp:
+		case <-b.done:
+			// The flushers are gone, so every request they took is answered;
+			// a group still queued (ours, if it slipped in while run was
+			// draining) is answered here.
+			b.failQueued()
+			out[i] = <-r.resp
+		}
+	}
+	return out
 }
 
 func (b *batcher) flushLoop(ctx context.Context) {
@@ -153,14 +169,14 @@ func (b *batcher) flushLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case r := <-b.reqs:
-			batch = append(batch, r)
+		case g := <-b.reqs:
+			batch = append(batch, g...)
 		}
 	drain:
 		for len(batch) < b.maxBatch {
 			select {
-			case r := <-b.reqs:
-				batch = append(batch, r)
+			case g := <-b.reqs:
+				batch = append(batch, g...)
 			default:
 				break drain
 			}

@@ -158,7 +158,7 @@ func New(cfg Config) (*Projector, error) {
 			maxBatch: cfg.MaxBatch,
 			flushers: cfg.Flushers,
 			timeout:  cfg.FlushTimeout,
-			reqs:     make(chan *request, cfg.MaxBatch*cfg.Flushers),
+			reqs:     make(chan []*request, cfg.MaxBatch*cfg.Flushers),
 			done:     make(chan struct{}),
 		},
 	}, nil
@@ -182,7 +182,7 @@ func (p *Projector) Run(ctx context.Context) error {
 	p.batcher.pool = pool
 
 	consumer, err := kafka.NewBatchConsumer(p.cfg.Kafka, p.cfg.Group, p.cfg.Kafka.Topic(events.TopicOutcomes),
-		p.cfg.MaxBatch, kafka.Concurrently(p.handle), p.cfg.Logger)
+		p.cfg.MaxBatch, p.handle, p.cfg.Logger)
 	if err != nil {
 		return fmt.Errorf("projector: %w", err)
 	}
@@ -240,46 +240,62 @@ func openWritePool(ctx context.Context, st *store.Store, conns int, syncCommit b
 	return pool, pool.Close, nil
 }
 
-// handle projects one message. The messages of a partition fetched together
-// are handled concurrently (kafka.Concurrently) and join the batcher's group
-// commit together, so a partition is not a serial queue of commits. An
-// error (nothing was committed for some event) has the whole batch handed
-// over again, which is harmless: events at or below a row's seq are skipped.
-// Returning nil lets its offset be committed;
-// returning an error has it redelivered, which only a commit that failed
-// may do.
-func (p *Projector) handle(ctx context.Context, msg *sarama.ConsumerMessage) error {
-	ctx = kafka.ContextWithTraceparent(ctx, kafka.HeaderValue(msg.Headers, kafka.HeaderTraceparent))
-	env, err := events.Decode(msg.Value)
-	if err != nil {
-		// Never the payload: it may hold tool arguments or results. The
-		// partition and offset find the message for whoever investigates.
-		p.log.WarnContext(ctx, "projector: dropped a malformed message",
-			"partition", msg.Partition, "offset", msg.Offset, "bytes", len(msg.Value), "error", err)
-		p.metrics.count(ctx, OutcomeMalformed, 1)
+// handle projects the messages of one partition fetched together. They join
+// the batcher's group commit as one group, so they are folded and written in
+// one flush (a claim and its outcome, published together, become one write
+// of their row) and a partition is not a serial queue of commits. A
+// malformed message is logged, counted and acked. An error (nothing was
+// committed for some event) has the whole batch handed over again, which is
+// harmless: events at or below a row's seq are skipped.
+func (p *Projector) handle(ctx context.Context, msgs []*sarama.ConsumerMessage) error {
+	ctxs := make([]context.Context, 0, len(msgs))
+	envs := make([]events.Envelope, 0, len(msgs))
+	spans := make([]trace.Span, 0, len(msgs))
+	for _, msg := range msgs {
+		mctx := kafka.ContextWithTraceparent(ctx, kafka.HeaderValue(msg.Headers, kafka.HeaderTraceparent))
+		env, err := events.Decode(msg.Value)
+		if err != nil {
+			// Never the payload: it may hold tool arguments or results. The
+			// partition and offset find the message for whoever investigates.
+			p.log.WarnContext(mctx, "projector: dropped a malformed message",
+				"partition", msg.Partition, "offset", msg.Offset, "bytes", len(msg.Value), "error", err)
+			p.metrics.count(mctx, OutcomeMalformed, 1)
+			continue
+		}
+		mctx, span := p.tracer.Start(mctx, "projector.project",
+			trace.WithSpanKind(trace.SpanKindConsumer),
+			trace.WithAttributes(
+				attribute.String("effectline.operation_key", env.OperationKey),
+				attribute.String("effectline.event_type", string(env.Type)),
+				attribute.Int64("effectline.seq", env.Seq),
+			))
+		ctxs, envs, spans = append(ctxs, mctx), append(envs, env), append(spans, span)
+	}
+	if len(envs) == 0 {
 		return nil
 	}
-	ctx, span := p.tracer.Start(ctx, "projector.project",
-		trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(
-			attribute.String("effectline.operation_key", env.OperationKey),
-			attribute.String("effectline.event_type", string(env.Type)),
-			attribute.Int64("effectline.seq", env.Seq),
-		))
-	defer span.End()
-
-	res, err := p.batcher.submit(ctx, env)
-	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, "not committed")
-		return fmt.Errorf("projecting %s seq %d: %w", env.OperationKey, env.Seq, err)
+	var failed error
+	for i, res := range p.batcher.submit(ctxs, envs) {
+		env, span := envs[i], spans[i]
+		if res.err != nil {
+			span.RecordError(res.err)
+			span.SetStatus(codes.Error, "not committed")
+			span.End()
+			if failed == nil {
+				failed = fmt.Errorf("projecting %s seq %d: %w", env.OperationKey, env.Seq, res.err)
+			}
+			continue
+		}
+		span.SetAttributes(attribute.String("effectline.projection.outcome", res.outcome.String()))
+		if res.outcome == outcomeRejected {
+			span.SetStatus(codes.Error, "rejected")
+			p.log.ErrorContext(ctxs[i], "projector: dropped an event that does not apply to its operation",
+				"operation_key", env.OperationKey, "seq", env.Seq, "type", env.Type, "event_id", env.EventID,
+				"error", res.reason)
+		}
+		span.End()
 	}
-	span.SetAttributes(attribute.String("effectline.projection.outcome", res.outcome.String()))
-	if res.outcome == outcomeRejected {
-		span.SetStatus(codes.Error, "rejected")
-		p.log.ErrorContext(ctx, "projector: dropped an event that does not apply to its operation",
-			"operation_key", env.OperationKey, "seq", env.Seq, "type", env.Type, "event_id", env.EventID,
-			"error", res.reason)
-	}
-	return nil
+	// A batch that failed in part is delivered again whole; the events that
+	// committed are skipped then (their rows are at or past them).
+	return failed
 }
