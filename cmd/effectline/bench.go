@@ -256,6 +256,12 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		sink.calls.Load()-warmupCalls, sink.effects()-int(warmupCalls))
 	fmt.Fprintf(stdout, "postgres: %.2f synchronous commits per operation (%d), %.2f transactions of any kind per operation\n",
 		float64(syncCommits)/float64(bc.n), syncCommits, float64(afterAll-beforeAll)/float64(bc.n))
+	if agent := agentCommits.Load(); agent > 0 {
+		// Through the outbox the intent rides in the agent's own business
+		// transaction, which commits whether or not effectline exists.
+		fmt.Fprintf(stdout, "postgres: %.2f of them effectline's own (claims and outcomes), %.2f the agent's transactions that carried the intents\n",
+			float64(syncCommits-agent)/float64(bc.n), float64(agent)/float64(bc.n))
+	}
 	if cpuMachine > 0 {
 		fmt.Fprintf(stdout, "cpu: %.2f ms per operation on the whole machine, %.2f ms of it in this process (the rest is PostgreSQL and whatever else runs)\n",
 			cpuMachine, cpuProcess)
