@@ -13,21 +13,28 @@ import (
 )
 
 // BenchmarkAppendBatch measures one operation's three appends (intent,
-// claim, outcome), each step in batches of 32 steps per commit as the group
-// committer sends them under load, on one connection of an otherwise idle
-// database: the event store's cost per operation without the contention of
-// the full pipeline (which inflates every statement's time in `effectline
-// bench`). ns/op is per operation, three appends.
+// claim, outcome), each step in batches of 1, 8 or 32 steps per commit (the
+// group committer's batches at a trickle, at a few hundred per second and
+// flat out), on one
+// connection of an otherwise idle database: the event store's cost per
+// operation without the contention of the full pipeline (which inflates
+// every statement's time in `effectline bench`). ns/op is per operation,
+// three appends.
 //
 //	go test -run '^$' -bench AppendBatch -benchtime 20000x ./internal/store
 func BenchmarkAppendBatch(b *testing.B) {
+	for _, batch := range []int{1, 8, 32} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) { benchmarkAppendBatch(b, batch) })
+	}
+}
+
+func benchmarkAppendBatch(b *testing.B, batch int) {
 	pool := testenv.NewPool(b, testenv.NewDatabase(b))
 	ctx := context.Background()
 	if _, err := store.Migrate(ctx, pool); err != nil {
 		b.Fatal(err)
 	}
 	s := store.New(pool)
-	const batch = 32
 	result := json.RawMessage(`{"charge_id":"ch_3PqR8s2eZvKYlo2C1a2b3c4d","status":"succeeded","amount":4200}`)
 	b.ResetTimer()
 	for i := 0; i < b.N; i += batch {
