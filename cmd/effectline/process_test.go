@@ -68,7 +68,9 @@ func start(t *testing.T, name string, env map[string]string, args ...string) *pr
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting %s: %v", name, err)
 	}
+	scanned := make(chan struct{})
 	go func() {
+		defer close(scanned)
 		sc := bufio.NewScanner(pr)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
@@ -81,10 +83,16 @@ func start(t *testing.T, name string, env map[string]string, args ...string) *pr
 			default:
 			}
 		}
+		// A line past the buffer ends the scan; keep the pipe flowing so
+		// the process and Wait never block on it.
+		_, _ = io.Copy(io.Discard, pr)
 	}()
 	go func() {
 		p.err = cmd.Wait()
 		_ = pw.Close()
+		// The scanner may still hold the last line it read: done means
+		// the whole output is in p.out.
+		<-scanned
 		close(p.done)
 	}()
 	t.Cleanup(func() {
