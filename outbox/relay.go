@@ -22,8 +22,10 @@ import (
 )
 
 // Publisher sends records to Kafka and returns once the brokers have
-// acknowledged all of them, or with an error when any of them failed (some
-// may have been written anyway). *kafka.Producer satisfies it.
+// acknowledged all of them, or with an error when any of them failed. Some
+// may have been written anyway, but never a record without every record
+// before it in records that goes to the same partition: a failed Send leaves
+// each partition with a prefix of its records. *kafka.Producer satisfies it.
 type Publisher interface {
 	Send(records []kafka.Record) error
 }
@@ -337,75 +339,45 @@ func (r *Relay) runOnce(ctx context.Context) (int, error) {
 	}
 }
 
-// publish sends one claimed batch, in layers: the first pending event of
-// every (operation, topic), then the second, and so on, each layer sent only
-// after the previous one was acknowledged in full.
-//
-// Why layers: within one Send the producer may fail some messages and
-// deliver others. Its idempotence keeps a partition's accepted messages in
-// order, but once a message has exhausted its retries, a later message of
-// the same partition can still be delivered (sarama bumps the producer epoch
-// and carries on). If seq 3 and seq 4 of one operation were in one Send,
-// seq 3 could fail while seq 4 landed; the batch would be republished, and a
-// consumer would read 1 2 4 1 2 3 4: seq 4 before seq 3, which a consumer
-// that skips seqs it has passed would never repair. With layers, seq n+1 is
-// only handed to the producer after seq n is acknowledged, so Kafka holds
-// each operation's events in order, with at most repeated prefixes. In the
-// steady state an operation has one pending event and a batch is one layer.
+// publish sends one claimed batch, sorted by topic, operation key and seq,
+// in one Send. The Publisher's contract (never a record without every
+// earlier record of its partition in the same Send) means that when the
+// Send fails in part, Kafka holds each operation's events in order with at
+// most a repeated prefix, and republishing the batch repeats, never
+// reorders: a consumer reads 1 2 1 2 3 4, not 1 2 4 1 2 3 4.
 func (r *Relay) publish(ctx context.Context, evs []store.OutboxEvent) error {
-	// evs is sorted by topic, operation key and seq: an event's layer is its
-	// position within its run of equal (topic, key).
-	var layers [][]store.OutboxEvent
-	pos := 0
+	records := make([]kafka.Record, len(evs))
+	spans := make([]trace.Span, len(evs))
 	for i, e := range evs {
-		if i > 0 && e.Topic == evs[i-1].Topic && e.Envelope.OperationKey == evs[i-1].Envelope.OperationKey {
-			pos++
-		} else {
-			pos = 0
+		// The span continues the trace stored with the event, and the
+		// message carries the span's context, so the consumer's span is a
+		// child of this publish. Without an SDK the tracer is a no-op that
+		// passes the stored context through unchanged.
+		sctx, span := r.tracer.Start(kafka.ContextWithTraceparent(ctx, e.Traceparent), "relay publish",
+			trace.WithSpanKind(trace.SpanKindProducer),
+			trace.WithAttributes(
+				attribute.String("messaging.system", "kafka"),
+				attribute.String("messaging.destination.name", e.Topic),
+				attribute.String("effectline.operation_key", e.Envelope.OperationKey),
+				attribute.String("effectline.event_type", string(e.Envelope.Type)),
+				attribute.Int64("effectline.seq", e.Envelope.Seq),
+			))
+		tp := kafka.TraceparentFrom(sctx)
+		if tp == "" {
+			tp = e.Traceparent
 		}
-		if pos == len(layers) {
-			layers = append(layers, nil)
-		}
-		layers[pos] = append(layers[pos], e)
+		records[i] = kafka.Record{Topic: e.Topic, Envelope: e.Envelope, Raw: e.Raw, Traceparent: tp}
+		spans[i] = span
 	}
-	records := make([]kafka.Record, 0, len(layers[0]))
-	spans := make([]trace.Span, 0, len(layers[0]))
-	for _, layer := range layers {
-		records, spans = records[:0], spans[:0]
-		for _, e := range layer {
-			// The span continues the trace stored with the event, and the
-			// message carries the span's context, so the consumer's span is
-			// a child of this publish. Without an SDK the tracer is a no-op
-			// that passes the stored context through unchanged.
-			sctx, span := r.tracer.Start(kafka.ContextWithTraceparent(ctx, e.Traceparent), "relay publish",
-				trace.WithSpanKind(trace.SpanKindProducer),
-				trace.WithAttributes(
-					attribute.String("messaging.system", "kafka"),
-					attribute.String("messaging.destination.name", e.Topic),
-					attribute.String("effectline.operation_key", e.Envelope.OperationKey),
-					attribute.String("effectline.event_type", string(e.Envelope.Type)),
-					attribute.Int64("effectline.seq", e.Envelope.Seq),
-				))
-			tp := kafka.TraceparentFrom(sctx)
-			if tp == "" {
-				tp = e.Traceparent
-			}
-			records = append(records, kafka.Record{Topic: e.Topic, Envelope: e.Envelope, Raw: e.Raw, Traceparent: tp})
-			spans = append(spans, span)
-		}
-		err := r.pub.Send(records)
-		for _, s := range spans {
-			if err != nil {
-				s.RecordError(err)
-				s.SetStatus(codes.Error, "publish failed")
-			}
-			s.End()
-		}
+	err := r.pub.Send(records)
+	for _, s := range spans {
 		if err != nil {
-			return err
+			s.RecordError(err)
+			s.SetStatus(codes.Error, "publish failed")
 		}
+		s.End()
 	}
-	return nil
+	return err
 }
 
 // listen keeps a LISTEN connection open until ctx is done, reconnecting

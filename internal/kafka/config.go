@@ -76,9 +76,11 @@ func (c Config) Sarama() *sarama.Config {
 	sc.Net.DialTimeout = 5 * time.Second
 	sc.Metadata.Retry.Backoff = 250 * time.Millisecond
 
-	// The relay needs per-key order across retries: the idempotent producer
-	// with one request in flight per broker keeps a retried batch from
-	// overtaking the next one.
+	// The relay's kafka.Producer builds its requests itself and takes only
+	// RequiredAcks, Timeout and MaxMessageBytes from here. The rest is for
+	// sarama's own producers (any Go producer of intents, the benchmarks):
+	// the idempotent producer with one request in flight per broker keeps a
+	// retried batch from overtaking the next one.
 	sc.Producer.Idempotent = true
 	sc.Producer.RequiredAcks = sarama.WaitForAll
 	sc.Net.MaxOpenRequests = 1

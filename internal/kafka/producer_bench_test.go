@@ -2,8 +2,10 @@ package kafka_test
 
 import (
 	"context"
+
 	"encoding/json"
 	"fmt"
+	"github.com/IBM/sarama"
 	"testing"
 	"time"
 
@@ -16,16 +18,15 @@ import (
 )
 
 // BenchmarkPublish compares the two ways the relay could publish to the
-// embedded broker, with the same sarama configuration (idempotent, acks=all,
-// one request in flight) and the same messages (an intent envelope of about
-// 400 bytes with its headers, keyed by operation key):
+// embedded broker, with the same messages (an intent envelope of about 400
+// bytes with its headers, keyed by operation key):
 //
-//   - watermill-kafka's Publisher.Publish, which sends one message and waits
+//   - watermill-kafka's Publisher.Publish (sarama underneath: idempotent,
+//     acks=all, one request in flight), which sends one message and waits
 //     for its acknowledgement before the next: a broker round trip per
 //     message;
-//   - kafka.Producer.Send with the relay's batch of 500, which hands all of
-//     them to sarama at once and waits once, so sarama packs them into a few
-//     produce requests.
+//   - kafka.Producer.Send with the relay's batch of 500, one produce request
+//     per broker, awaited once.
 //
 // Run: go test ./internal/kafka/ -run '^$' -bench Publish -benchtime 20000x
 func BenchmarkPublish(b *testing.B) {
@@ -95,6 +96,56 @@ func BenchmarkPublish(b *testing.B) {
 			}
 		}
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+	})
+}
+
+// BenchmarkPublishLatency measures what the relay waits for per batch: a
+// Send of 13 events (a relay batch's median at 500 operations/s) spread over
+// the partitions of two topics, until every one is acknowledged. It
+// compares sarama's SyncProducer.SendMessages (same configuration:
+// idempotent, acks=all, one request in flight, 1 ms flush timer) with
+// kafka.Producer, which builds one produce request per broker itself. Run
+// it alone and again beside a CPU hog (e.g. `effectline bench -n 50000` in
+// another shell): the SyncProducer's pipeline of goroutines is what a busy
+// machine delays.
+//
+//	go test ./internal/kafka/ -run '^$' -bench PublishLatency -benchtime 2000x
+func BenchmarkPublishLatency(b *testing.B) {
+	broker := testenv.NewBroker(b)
+	cfg := kafka.Config{Brokers: broker.Addrs, Partitions: 12}
+	if err := kafka.EnsureTopics(context.Background(), cfg); err != nil {
+		b.Fatal(err)
+	}
+	records := append(sampleRecords(b, cfg.Topic(events.TopicIntents), 5), sampleRecords(b, cfg.Topic(events.TopicOutcomes), 8)...)
+
+	b.Run("sarama-SyncProducer", func(b *testing.B) {
+		sc := cfg.Sarama()
+		p, err := sarama.NewSyncProducer(cfg.Brokers, sc)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer p.Close()
+		msgs := make([]*sarama.ProducerMessage, len(records))
+		for b.Loop() {
+			for i, r := range records {
+				msgs[i] = kafka.ProducerMessage(r)
+			}
+			if err := p.SendMessages(msgs); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("kafka.Producer", func(b *testing.B) {
+		p, err := kafka.NewProducer(cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer p.Close()
+		for b.Loop() {
+			if err := p.Send(records); err != nil {
+				b.Fatal(err)
+			}
+		}
 	})
 }
 

@@ -1,0 +1,147 @@
+package kafka_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/testenv"
+)
+
+// producerRecord is a record for key at seq whose value names both, padded
+// to size bytes.
+func producerRecord(topic, key string, seq int64, size int) kafka.Record {
+	v := []byte(fmt.Sprintf("%s#%d|", key, seq))
+	if pad := size - len(v); pad > 0 {
+		v = append(v, bytes.Repeat([]byte("x"), pad)...)
+	}
+	return kafka.Record{Topic: topic, Raw: v, Envelope: events.Envelope{
+		OperationKey: key, Seq: seq, EventID: fmt.Sprintf("%s-%d", key, seq), Type: events.AttemptSucceeded,
+		OccurredAt: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}}
+}
+
+// checkKeyOrder fails unless every key's records sit in one partition, the
+// one murmur2 gives it, with seqs 1..want in offset order.
+func checkKeyOrder(t *testing.T, recs []testenv.Record, partitions int32, want map[string]int64) {
+	t.Helper()
+	seen := map[string]int64{}
+	part := sarama.NewMurmur2Partitioner("")
+	for _, r := range recs {
+		key := string(r.Key)
+		name, seqText, ok := bytes.Cut(r.Value, []byte("#"))
+		if !ok || string(name) != key {
+			t.Fatalf("record %s/%d@%d: value %.40q does not belong to key %q", r.Topic, r.Partition, r.Offset, r.Value, key)
+		}
+		seq, err := strconv.ParseInt(string(bytes.SplitN(seqText, []byte("|"), 2)[0]), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seq != seen[key]+1 {
+			t.Fatalf("key %s: seq %d after seq %d", key, seq, seen[key])
+		}
+		seen[key] = seq
+		wantPart, err := part.Partition(&sarama.ProducerMessage{Key: sarama.StringEncoder(key)}, partitions)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Partition != wantPart {
+			t.Fatalf("key %s in partition %d, murmur2 says %d", key, r.Partition, wantPart)
+		}
+		if r.Headers[kafka.HeaderType] != string(events.AttemptSucceeded) || r.Headers[kafka.HeaderSubject] != key {
+			t.Fatalf("key %s: headers %v", key, r.Headers)
+		}
+	}
+	for key, n := range want {
+		if seen[key] != n {
+			t.Fatalf("key %s: %d records, want %d", key, seen[key], n)
+		}
+	}
+}
+
+// One Send spreading many keys' events over two topics and the partitions
+// of three brokers: one request per broker, and every key's events land in
+// its murmur2 partition in seq order.
+func TestProducerKeepsEachKeysOrderAcrossBrokers(t *testing.T) {
+	t.Parallel()
+	broker := testenv.NewBroker(t, testenv.WithNumBrokers(3))
+	cfg := kafka.Config{Brokers: broker.Addrs, Partitions: 12}
+	if err := kafka.EnsureTopics(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	p, err := kafka.NewProducer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	topics := []string{cfg.Topic(events.TopicIntents), cfg.Topic(events.TopicOutcomes)}
+	want := map[string]int64{}
+	var recs []kafka.Record
+	for seq := int64(1); seq <= 4; seq++ {
+		for k := range 40 {
+			key := fmt.Sprintf("order-%02d/charge", k)
+			want[key] = 4
+			for _, topic := range topics {
+				recs = append(recs, producerRecord(topic, key, seq, 200))
+			}
+		}
+	}
+	if err := p.Send(recs); err != nil {
+		t.Fatal(err)
+	}
+	for _, topic := range topics {
+		got := broker.ReadAll(t, topic, 160, 10*time.Second)
+		if len(got) != 160 {
+			t.Fatalf("%s: %d records, want 160", topic, len(got))
+		}
+		checkKeyOrder(t, got, 12, want)
+	}
+}
+
+// A Send larger than one request may carry per partition goes out in
+// rounds, in order.
+func TestProducerSendsOversizedBatchesInRounds(t *testing.T) {
+	t.Parallel()
+	broker := testenv.NewBroker(t)
+	cfg := kafka.Config{Brokers: broker.Addrs, Partitions: 3}
+	if err := kafka.EnsureTopics(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	p, err := kafka.NewProducer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	topic := cfg.Topic(events.TopicOutcomes)
+	var recs []kafka.Record
+	for seq := int64(1); seq <= 7; seq++ {
+		recs = append(recs, producerRecord(topic, "big/op", seq, 300<<10)) // 2.1 MB for one partition
+	}
+	if err := p.Send(recs); err != nil {
+		t.Fatal(err)
+	}
+	got := broker.ReadAll(t, topic, 7, 10*time.Second)
+	checkKeyOrder(t, got, 3, map[string]int64{"big/op": 7})
+}
+
+// A Send to a topic that does not exist fails and publishes nothing after
+// the failure.
+func TestProducerFailsOnAnUnknownTopic(t *testing.T) {
+	t.Parallel()
+	broker := testenv.NewBroker(t)
+	cfg := kafka.Config{Brokers: broker.Addrs, Partitions: 3}
+	p, err := kafka.NewProducer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.Send([]kafka.Record{producerRecord("effectline.nope", "k", 1, 10)}); err == nil {
+		t.Fatal("Send to a missing topic succeeded")
+	}
+}
