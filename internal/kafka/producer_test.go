@@ -145,3 +145,28 @@ func TestProducerFailsOnAnUnknownTopic(t *testing.T) {
 		t.Fatal("Send to a missing topic succeeded")
 	}
 }
+
+// The largest event effectline accepts, with its key and headers, fits the
+// topics EnsureTopics creates: a broker refusing it would stall the relay.
+func TestProducerPublishesTheLargestEvent(t *testing.T) {
+	t.Parallel()
+	broker := testenv.NewBroker(t)
+	cfg := kafka.Config{Brokers: broker.Addrs, Partitions: 3}
+	if err := kafka.EnsureTopics(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	p, err := kafka.NewProducer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	topic := cfg.Topic(events.TopicIntents)
+	key := "wf:" + string(bytes.Repeat([]byte("k"), events.MaxOperationKeyBytes-3))
+	big := producerRecord(topic, key, 1, events.MaxEnvelopeBytes)
+	big.Traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	if err := p.Send([]kafka.Record{big, producerRecord(topic, key, 2, 100)}); err != nil {
+		t.Fatal(err)
+	}
+	got := broker.ReadAll(t, topic, 2, 10*time.Second)
+	checkKeyOrder(t, got, 3, map[string]int64{key: 2})
+}

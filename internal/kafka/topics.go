@@ -43,6 +43,13 @@ func EnsureTopics(ctx context.Context, c Config) error {
 	}
 }
 
+// topicMaxMessageBytes is the record batch limit of the topics effectline
+// creates. Kafka's default (1 MiB and 12 bytes) is smaller than the largest
+// event effectline accepts (events.MaxEnvelopeBytes, 1 MiB) with its key and
+// headers, and an event the broker refuses would stall the relay on it. 2
+// MiB leaves room; a topic created by hand needs the same.
+var topicMaxMessageBytes = "2097152"
+
 func ensureTopicsOnce(c Config) error {
 	sc := c.Sarama()
 	sc.Admin.Timeout = 5 * time.Second
@@ -62,6 +69,7 @@ func ensureTopicsOnce(c Config) error {
 		err := admin.CreateTopic(t, &sarama.TopicDetail{
 			NumPartitions:     c.Partitions,
 			ReplicationFactor: c.ReplicationFactor,
+			ConfigEntries:     map[string]*string{"max.message.bytes": &topicMaxMessageBytes},
 		}, false)
 		if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
 			var te *sarama.TopicError
