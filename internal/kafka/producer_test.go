@@ -164,9 +164,40 @@ func TestProducerPublishesTheLargestEvent(t *testing.T) {
 	key := "wf:" + string(bytes.Repeat([]byte("k"), events.MaxOperationKeyBytes-3))
 	big := producerRecord(topic, key, 1, events.MaxEnvelopeBytes)
 	big.Traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-	if err := p.Send([]kafka.Record{big, producerRecord(topic, key, 2, 100)}); err != nil {
+	small := producerRecord(topic, key, 2, 100)
+	if err := p.Send([]kafka.Record{big, small}); err != nil {
 		t.Fatal(err)
 	}
 	got := broker.ReadAll(t, topic, 2, 10*time.Second)
 	checkKeyOrder(t, got, 3, map[string]int64{key: 2})
+
+	// effectline's consumers (sarama, 1 MiB default fetch) read it too.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sizes := make(chan int, 2)
+	c, err := kafka.NewBatchConsumer(cfg, "largest-event", topic, 0, func(_ context.Context, msgs []*sarama.ConsumerMessage) error {
+		for _, m := range msgs {
+			sizes <- len(m.Value)
+		}
+		return nil
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	for _, want := range []int{len(big.Raw), len(small.Raw)} {
+		select {
+		case n := <-sizes:
+			if n != want {
+				t.Fatalf("consumed a %d-byte message, want %d", n, want)
+			}
+		case <-ctx.Done():
+			t.Fatal("the consumer did not get the largest event")
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
 }
