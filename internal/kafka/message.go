@@ -40,6 +40,16 @@ type Record struct {
 // one operation's events stay in one partition, in order), value = the
 // envelope JSON, CloudEvents attributes and traceparent as headers.
 func ProducerMessage(r Record) *sarama.ProducerMessage {
+	return &sarama.ProducerMessage{
+		Topic:   r.Topic,
+		Key:     sarama.StringEncoder(r.Envelope.OperationKey),
+		Value:   sarama.ByteEncoder(r.Raw),
+		Headers: headers(r),
+	}
+}
+
+// headers are an event's CloudEvents attributes and trace context.
+func headers(r Record) []sarama.RecordHeader {
 	h := []sarama.RecordHeader{
 		{Key: []byte(HeaderSpecVersion), Value: []byte("1.0")},
 		{Key: []byte(HeaderID), Value: []byte(r.Envelope.EventID)},
@@ -52,12 +62,7 @@ func ProducerMessage(r Record) *sarama.ProducerMessage {
 	if r.Traceparent != "" {
 		h = append(h, sarama.RecordHeader{Key: []byte(HeaderTraceparent), Value: []byte(r.Traceparent)})
 	}
-	return &sarama.ProducerMessage{
-		Topic:   r.Topic,
-		Key:     sarama.StringEncoder(r.Envelope.OperationKey),
-		Value:   sarama.ByteEncoder(r.Raw),
-		Headers: h,
-	}
+	return h
 }
 
 // Unmarshaler maps a Kafka message to a watermill message without ever

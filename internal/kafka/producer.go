@@ -3,7 +3,6 @@ package kafka
 import (
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -34,9 +33,6 @@ type Producer struct {
 	timeout  time.Duration
 	version  int16
 	maxBytes int // per partition and request
-
-	mu          sync.Mutex
-	partitioner map[string]sarama.Partitioner
 }
 
 // NewProducer connects a producer to the cluster.
@@ -52,11 +48,10 @@ func NewProducer(c Config) (*Producer, error) {
 		return nil, fmt.Errorf("kafka producer on %v: %w", c.Brokers, err)
 	}
 	return &Producer{
-		client:      client,
-		timeout:     sc.Producer.Timeout,
-		version:     produceRequestVersion(sc.Version),
-		maxBytes:    sc.Producer.MaxMessageBytes,
-		partitioner: map[string]sarama.Partitioner{},
+		client:   client,
+		timeout:  sc.Producer.Timeout,
+		version:  produceRequestVersion(sc.Version),
+		maxBytes: sc.Producer.MaxMessageBytes,
 	}, nil
 }
 
@@ -78,8 +73,9 @@ func produceRequestVersion(v sarama.KafkaVersion) int16 {
 // records may have been published: the relay republishes the whole batch,
 // and consumers deduplicate by (operation_key, seq).
 func (p *Producer) Send(records []Record) error {
+	parts := partitioners{}
 	for len(records) > 0 {
-		reqs, rest, err := p.requests(records)
+		reqs, rest, err := p.requests(records, parts)
 		if err != nil {
 			return err
 		}
@@ -117,13 +113,13 @@ type brokerRequest struct {
 // broker, with one record batch per partition in the records' order, and
 // returns the records left for the next round: those from the first one
 // that would take its partition's batch past the request size limit.
-func (p *Producer) requests(records []Record) (_ map[*sarama.Broker]*brokerRequest, rest []Record, _ error) {
+func (p *Producer) requests(records []Record, parts partitioners) (_ map[*sarama.Broker]*brokerRequest, rest []Record, _ error) {
 	now := time.Now().Truncate(time.Millisecond)
 	batches := map[target]*sarama.RecordBatch{}
 	sizes := map[target]int{}
 	var order []target
 	for i, r := range records {
-		partition, err := p.partition(r)
+		partition, err := parts.partition(p.client, r)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -167,31 +163,38 @@ func (p *Producer) requests(records []Record) (_ map[*sarama.Broker]*brokerReque
 	return reqs, rest, nil
 }
 
-// partition is the partition murmur2 (the Java client's default, and the
-// SyncProducer's here) gives the record's key.
-func (p *Producer) partition(r Record) (int32, error) {
-	partitions, err := p.client.Partitions(r.Topic)
-	if err != nil {
-		return 0, fmt.Errorf("publishing to %s: %w", r.Topic, err)
+// partitioners holds, for one Send, each topic's murmur2 partitioner (the
+// Java client's default, so a non-Go producer puts a key where the relay
+// does) and partition count, so the metadata is looked up once per topic
+// rather than per record, and Sends share no state.
+type partitioners map[string]*topicPartitioner
+
+type topicPartitioner struct {
+	p sarama.Partitioner
+	n int32
+}
+
+func (ps partitioners) partition(client sarama.Client, r Record) (int32, error) {
+	tp := ps[r.Topic]
+	if tp == nil {
+		partitions, err := client.Partitions(r.Topic)
+		if err != nil {
+			return 0, fmt.Errorf("publishing to %s: %w", r.Topic, err)
+		}
+		if len(partitions) == 0 {
+			return 0, fmt.Errorf("publishing to %s: %w", r.Topic, sarama.ErrUnknownTopicOrPartition)
+		}
+		tp = &topicPartitioner{p: sarama.NewMurmur2Partitioner(r.Topic), n: int32(len(partitions))}
+		ps[r.Topic] = tp
 	}
-	if len(partitions) == 0 {
-		return 0, fmt.Errorf("publishing to %s: %w", r.Topic, sarama.ErrUnknownTopicOrPartition)
-	}
-	p.mu.Lock()
-	part := p.partitioner[r.Topic]
-	if part == nil {
-		part = sarama.NewMurmur2Partitioner(r.Topic)
-		p.partitioner[r.Topic] = part
-	}
-	p.mu.Unlock()
-	return part.Partition(&sarama.ProducerMessage{Key: sarama.StringEncoder(r.Envelope.OperationKey)}, int32(len(partitions)))
+	return tp.p.Partition(&sarama.ProducerMessage{Key: sarama.StringEncoder(r.Envelope.OperationKey)}, tp.n)
 }
 
 func record(r Record, offset int64) *sarama.Record {
-	msg := ProducerMessage(r)
-	h := make([]*sarama.RecordHeader, len(msg.Headers))
-	for i := range msg.Headers {
-		h[i] = &msg.Headers[i]
+	hs := headers(r)
+	h := make([]*sarama.RecordHeader, len(hs))
+	for i := range hs {
+		h[i] = &hs[i]
 	}
 	return &sarama.Record{Key: []byte(r.Envelope.OperationKey), Value: r.Raw, Headers: h, OffsetDelta: offset}
 }
