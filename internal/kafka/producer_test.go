@@ -27,6 +27,25 @@ func producerRecord(topic, key string, seq int64, size int) kafka.Record {
 		OccurredAt: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}}
 }
 
+// newProducer starts a broker (with topics of partitions partitions when
+// topics is set) and a producer on it.
+func newProducer(t *testing.T, partitions int32, topics bool, opts ...testenv.BrokerOption) (*testenv.Broker, kafka.Config, *kafka.Producer) {
+	t.Helper()
+	broker := testenv.NewBroker(t, opts...)
+	cfg := kafka.Config{Brokers: broker.Addrs, Partitions: partitions}
+	if topics {
+		if err := kafka.EnsureTopics(context.Background(), cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := kafka.NewProducer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return broker, cfg, p
+}
+
 // checkKeyOrder fails unless every key's records sit in one partition, the
 // one murmur2 gives it, with seqs 1..want in offset order.
 func checkKeyOrder(t *testing.T, recs []testenv.Record, partitions int32, want map[string]int64) {
@@ -70,16 +89,7 @@ func checkKeyOrder(t *testing.T, recs []testenv.Record, partitions int32, want m
 // its murmur2 partition in seq order.
 func TestProducerKeepsEachKeysOrderAcrossBrokers(t *testing.T) {
 	t.Parallel()
-	broker := testenv.NewBroker(t, testenv.WithNumBrokers(3))
-	cfg := kafka.Config{Brokers: broker.Addrs, Partitions: 12}
-	if err := kafka.EnsureTopics(context.Background(), cfg); err != nil {
-		t.Fatal(err)
-	}
-	p, err := kafka.NewProducer(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	broker, cfg, p := newProducer(t, 12, true, testenv.WithNumBrokers(3))
 	topics := []string{cfg.Topic(events.TopicIntents), cfg.Topic(events.TopicOutcomes)}
 	want := map[string]int64{}
 	var recs []kafka.Record
@@ -104,20 +114,44 @@ func TestProducerKeepsEachKeysOrderAcrossBrokers(t *testing.T) {
 	}
 }
 
+// Sends from several goroutines on one producer (several relays in one
+// process) each keep their keys in order.
+func TestProducerConcurrentSends(t *testing.T) {
+	t.Parallel()
+	broker, cfg, p := newProducer(t, 12, true)
+	topic := cfg.Topic(events.TopicOutcomes)
+	want := map[string]int64{}
+	sends := make([][]kafka.Record, 4)
+	for g := range sends {
+		for seq := int64(1); seq <= 3; seq++ {
+			for k := range 10 {
+				key := fmt.Sprintf("relay-%d/op-%02d", g, k)
+				want[key] = 3
+				sends[g] = append(sends[g], producerRecord(topic, key, seq, 100))
+			}
+		}
+	}
+	errs := make(chan error, len(sends))
+	for _, recs := range sends {
+		go func() { errs <- p.Send(recs) }()
+	}
+	for range sends {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := broker.ReadAll(t, topic, 120, 10*time.Second)
+	if len(got) != 120 {
+		t.Fatalf("%d records, want 120", len(got))
+	}
+	checkKeyOrder(t, got, 12, want)
+}
+
 // A Send larger than one request may carry per partition goes out in
 // rounds, in order.
 func TestProducerSendsOversizedBatchesInRounds(t *testing.T) {
 	t.Parallel()
-	broker := testenv.NewBroker(t)
-	cfg := kafka.Config{Brokers: broker.Addrs, Partitions: 3}
-	if err := kafka.EnsureTopics(context.Background(), cfg); err != nil {
-		t.Fatal(err)
-	}
-	p, err := kafka.NewProducer(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	broker, cfg, p := newProducer(t, 3, true)
 	topic := cfg.Topic(events.TopicOutcomes)
 	var recs []kafka.Record
 	for seq := int64(1); seq <= 7; seq++ {
@@ -134,13 +168,7 @@ func TestProducerSendsOversizedBatchesInRounds(t *testing.T) {
 // the failure.
 func TestProducerFailsOnAnUnknownTopic(t *testing.T) {
 	t.Parallel()
-	broker := testenv.NewBroker(t)
-	cfg := kafka.Config{Brokers: broker.Addrs, Partitions: 3}
-	p, err := kafka.NewProducer(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	_, _, p := newProducer(t, 3, false)
 	if err := p.Send([]kafka.Record{producerRecord("effectline.nope", "k", 1, 10)}); err == nil {
 		t.Fatal("Send to a missing topic succeeded")
 	}
@@ -150,16 +178,7 @@ func TestProducerFailsOnAnUnknownTopic(t *testing.T) {
 // topics EnsureTopics creates: a broker refusing it would stall the relay.
 func TestProducerPublishesTheLargestEvent(t *testing.T) {
 	t.Parallel()
-	broker := testenv.NewBroker(t)
-	cfg := kafka.Config{Brokers: broker.Addrs, Partitions: 3}
-	if err := kafka.EnsureTopics(context.Background(), cfg); err != nil {
-		t.Fatal(err)
-	}
-	p, err := kafka.NewProducer(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	broker, cfg, p := newProducer(t, 3, true)
 	topic := cfg.Topic(events.TopicIntents)
 	key := "wf:" + string(bytes.Repeat([]byte("k"), events.MaxOperationKeyBytes-3))
 	big := producerRecord(topic, key, 1, events.MaxEnvelopeBytes)
