@@ -35,9 +35,12 @@ type Append struct {
 	IntentEventID string
 	// Unhurried appends do not wake the in-process relay: their events go
 	// out with the next append that does, or the relay's next poll. The
-	// executor's claims use it, so an attempt.started is usually published
-	// together with its outcome a few milliseconds later: one relay cycle
-	// and one read-model write instead of two of each. A claim is durable
+	// executor's claims use it, so at a trickle an attempt.started is
+	// published together with its outcome a few milliseconds later: one
+	// relay cycle and one read-model write instead of two of each. Under
+	// load other commits wake the relay anyway and the two mostly go out
+	// apart (about two read-model updates per operation measured, flat out
+	// and at 500/s). A claim is durable
 	// at commit either way; only the read model's in_progress lags, by at
 	// most the relay's poll interval.
 	Unhurried bool
