@@ -276,7 +276,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 
 func (bc benchConfig) effectiveBatch() int {
 	if bc.rate > 0 {
-		return max(1, bc.rate/200) // one transaction every 5ms
+		return max(1, bc.rate/200) // about 200 agent transactions a second (250 at 500/s: batches of 2)
 	}
 	return bc.batch
 }

@@ -25,6 +25,7 @@ const (
 	envInsecureOpenAPI  = "EFFECTLINE_INSECURE_OPEN_API"
 	envExecutorLease    = "EFFECTLINE_EXECUTOR_LEASE"
 	envSweepInterval    = "EFFECTLINE_RECONCILER_SWEEP_INTERVAL"
+	envCommitWindow     = "EFFECTLINE_COMMIT_WINDOW"
 	// envCrashPoint makes the executor SIGKILL its own process at a named
 	// point (executor.Point*): for the crash-matrix tests only.
 	envCrashPoint        = "EFFECTLINE_CRASHPOINT"
@@ -39,7 +40,7 @@ const (
 var EnvVars = []string{
 	envDatabaseURL, envKafkaBrokers, envTools, envHTTPAddr, envAPITokens, envApprovers,
 	envTopicPrefix, envKafkaPartitions, envKafkaReplication, envLogLevel, envShutdownGrace,
-	envInsecureOpenAPI, envExecutorLease, envSweepInterval,
+	envInsecureOpenAPI, envExecutorLease, envSweepInterval, envCommitWindow,
 }
 
 // Components that `effectline run --components` accepts.
@@ -74,7 +75,11 @@ type config struct {
 	InsecureOpen  bool
 	Lease         time.Duration
 	SweepInterval time.Duration
-	CrashPoint    string
+	// CommitWindow is the journal committer's pacing window
+	// (store.CommitterConfig.Window): zero for the default, negative for
+	// none (EFFECTLINE_COMMIT_WINDOW=0).
+	CommitWindow time.Duration
+	CrashPoint   string
 }
 
 func configFromEnv(getenv func(string) string) (config, error) {
@@ -128,6 +133,16 @@ func configFromEnv(getenv func(string) string) (config, error) {
 				errs = append(errs, fmt.Errorf("%s=%q: want a duration like 30s", d.name, v))
 			}
 			*d.dst = p
+		}
+	}
+	if v := getenv(envCommitWindow); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 || d > time.Second {
+			errs = append(errs, fmt.Errorf("%s=%q: want a duration from 0 (no pacing) to 1s, like 4ms", envCommitWindow, v))
+		}
+		c.CommitWindow = d
+		if d == 0 {
+			c.CommitWindow = -1
 		}
 	}
 	c.CrashPoint = getenv(envCrashPoint)

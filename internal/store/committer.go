@@ -14,9 +14,15 @@ var ErrCommitterStopped = errors.New("committer stopped")
 
 // Committer is a group commit in front of AppendBatch: appends submitted by
 // many goroutines at once share one transaction and one synchronous commit.
-// There is no waiting window: a flusher takes whatever is queued when it is
-// free, so at low load an append commits alone and at once, and under load
-// batches grow by themselves while the previous commit is in flight.
+// A flusher takes whatever is queued when it is free, so under load batches
+// grow by themselves while the previous commit is in flight.
+//
+// At a moderate steady rate that is not enough: on a fast disk each commit
+// finishes before the next append arrives, and every append commits alone.
+// So while appends arrive steadily (pace), the first flusher keeps its
+// commits at least Window apart and gathers what arrives in between, as
+// PostgreSQL's commit_delay does for backends. After a quiet spell an append
+// commits at once, so a lone operation is not slowed.
 //
 // One flusher runs all the time. The others help only while there is a
 // backlog (a flusher just took at least BacklogBatch appends): a second
@@ -30,6 +36,7 @@ type Committer struct {
 	flushers     int
 	backlogBatch int
 	backlog      chan struct{} // wakes a helping flusher
+	pace         pace          // the first flusher's only
 	done         chan struct{}
 }
 
@@ -48,6 +55,10 @@ type CommitterConfig struct {
 	// BacklogBatch is the batch size from which flushers beyond the first
 	// help. Default 32.
 	BacklogBatch int
+	// Window is the least time between the first flusher's commits while
+	// appends arrive steadily; it bounds what pacing adds to an append's
+	// latency. Default 4ms; negative turns pacing off.
+	Window time.Duration
 }
 
 func (c CommitterConfig) withDefaults() CommitterConfig {
@@ -59,6 +70,9 @@ func (c CommitterConfig) withDefaults() CommitterConfig {
 	}
 	if c.BacklogBatch <= 0 {
 		c.BacklogBatch = 32
+	}
+	if c.Window == 0 {
+		c.Window = DefaultCommitWindow
 	}
 	return c
 }
@@ -73,6 +87,7 @@ func (s *Store) NewCommitter(cfg CommitterConfig) *Committer {
 		flushers:     cfg.Flushers,
 		backlogBatch: cfg.BacklogBatch,
 		backlog:      make(chan struct{}, cfg.Flushers),
+		pace:         pace{window: max(cfg.Window, 0)},
 		done:         make(chan struct{}),
 	}
 }
@@ -122,6 +137,9 @@ func (c *Committer) flushLoop(ctx context.Context, first bool) {
 		case r := <-c.reqs:
 			batch = append(batch, r)
 		}
+		if first {
+			batch = c.gather(ctx, batch, c.pace.hold(time.Now()))
+		}
 	drain:
 		for len(batch) < c.maxBatch {
 			select {
@@ -137,8 +155,33 @@ func (c *Committer) flushLoop(ctx context.Context, first bool) {
 			default:
 			}
 		}
+		if first {
+			c.pace.flushed(time.Now(), len(batch))
+		}
 		c.flush(ctx, batch)
 	}
+}
+
+// gather adds to batch what arrives within d, up to a full batch. A batch
+// it holds is flushed even when ctx ends meanwhile: it has left the queue,
+// so nobody else would answer it.
+func (c *Committer) gather(ctx context.Context, batch []*commitReq, d time.Duration) []*commitReq {
+	if d <= 0 {
+		return batch
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for len(batch) < c.maxBatch {
+		select {
+		case r := <-c.reqs:
+			batch = append(batch, r)
+		case <-t.C:
+			return batch
+		case <-ctx.Done():
+			return batch
+		}
+	}
+	return batch
 }
 
 func (c *Committer) flush(ctx context.Context, batch []*commitReq) {

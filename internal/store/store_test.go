@@ -393,3 +393,48 @@ func TestResultWithNULIsJournaled(t *testing.T) {
 		t.Fatalf("the journal changed the result: %s", got)
 	}
 }
+
+// TestCommitterPacesASteadyStream: while appends keep arriving, the
+// committer holds a batch for up to its window, so two appends that arrive
+// 50ms apart share a commit; with pacing off each commits alone.
+func TestCommitterPacesASteadyStream(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		window      time.Duration
+		wantCommits int64
+	}{
+		{window: 2 * time.Second, wantCommits: 1},
+		{window: -1, wantCommits: 2},
+	} {
+		t.Run(fmt.Sprintf("window %v", tc.window), func(t *testing.T) {
+			t.Parallel()
+			s := setup(t)
+			ctx, cancel := context.WithCancel(context.Background())
+			c := s.NewCommitter(store.CommitterConfig{Window: tc.window})
+			done := make(chan error, 1)
+			go func() { done <- c.Run(ctx) }()
+			defer func() { cancel(); <-done }()
+
+			appendKey := func(key string) error {
+				_, err := c.Append(ctx, store.Append{Events: []events.Envelope{intent(t, key, `{}`)}})
+				return err
+			}
+			if err := appendKey("first"); err != nil {
+				t.Fatal(err)
+			}
+			before := s.SyncCommits()
+			errs := make(chan error, 2)
+			go func() { errs <- appendKey("second") }()
+			time.Sleep(50 * time.Millisecond)
+			go func() { errs <- appendKey("third") }()
+			for range 2 {
+				if err := <-errs; err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := s.SyncCommits() - before; got != tc.wantCommits {
+				t.Fatalf("%d commits for two appends 50ms apart, want %d", got, tc.wantCommits)
+			}
+		})
+	}
+}

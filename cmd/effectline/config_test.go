@@ -1,0 +1,57 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestConfigFromEnv(t *testing.T) {
+	env := func(kv map[string]string) func(string) string {
+		return func(k string) string { return kv[k] }
+	}
+
+	t.Run("defaults", func(t *testing.T) {
+		c, err := configFromEnv(env(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.DatabaseURL != defaultDatabaseURL || c.HTTPAddr != defaultHTTPAddr || c.HTTPAddrSet ||
+			c.ShutdownGrace != defaultShutdownGrace || c.CommitWindow != 0 {
+			t.Fatalf("defaults: %+v", c)
+		}
+	})
+
+	t.Run("commit window", func(t *testing.T) {
+		for v, want := range map[string]time.Duration{"7ms": 7 * time.Millisecond, "0": -1, "0s": -1} {
+			c, err := configFromEnv(env(map[string]string{envCommitWindow: v}))
+			if err != nil {
+				t.Fatalf("%s=%s: %v", envCommitWindow, v, err)
+			}
+			if c.CommitWindow != want {
+				t.Errorf("%s=%s: window %v, want %v", envCommitWindow, v, c.CommitWindow, want)
+			}
+		}
+	})
+
+	t.Run("every bad value is named", func(t *testing.T) {
+		bad := map[string]string{
+			envKafkaPartitions:  "0",
+			envKafkaReplication: "many",
+			envShutdownGrace:    "-1s",
+			envExecutorLease:    "soon",
+			envSweepInterval:    "0",
+			envCommitWindow:     "2s",
+			envInsecureOpenAPI:  "maybe",
+		}
+		_, err := configFromEnv(env(bad))
+		if err == nil {
+			t.Fatal("no error")
+		}
+		for name, v := range bad {
+			if !strings.Contains(err.Error(), name+`="`+v+`"`) {
+				t.Errorf("error does not name %s=%q:\n%v", name, v, err)
+			}
+		}
+	})
+}

@@ -1,0 +1,73 @@
+package store
+
+import (
+	"testing"
+	"time"
+)
+
+func TestPaceHoldsOnlyWhileAppendsArriveSteadily(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+
+	t.Run("the first flush is never held", func(t *testing.T) {
+		p := pace{window: 4 * time.Millisecond}
+		if got := p.hold(t0); got != 0 {
+			t.Fatalf("hold = %v, want 0", got)
+		}
+	})
+
+	t.Run("a lone operation's second append is not held", func(t *testing.T) {
+		// Its claim committed alone 1.5ms ago: one append in the last
+		// 50ms promises nobody to wait for.
+		p := pace{window: 4 * time.Millisecond}
+		p.flushed(t0, 1)
+		if got := p.hold(at(1500 * time.Microsecond)); got != 0 {
+			t.Fatalf("hold = %v, want 0", got)
+		}
+	})
+
+	t.Run("a steady stream is held until a window after the previous flush", func(t *testing.T) {
+		// 1,000 appends/s: two every 2ms, as at 500 operations/s.
+		p := pace{window: 4 * time.Millisecond}
+		for i := range 50 {
+			p.flushed(at(time.Duration(i)*2*time.Millisecond), 2)
+		}
+		last := at(98 * time.Millisecond)
+		if got, want := p.hold(last.Add(time.Millisecond)), 3*time.Millisecond; got != want {
+			t.Fatalf("hold 1ms after a flush = %v, want %v", got, want)
+		}
+		if got := p.hold(last.Add(4 * time.Millisecond)); got != 0 {
+			t.Fatalf("hold a whole window after a flush = %v, want 0", got)
+		}
+	})
+
+	t.Run("pacing ends when the stream does", func(t *testing.T) {
+		p := pace{window: 4 * time.Millisecond}
+		for i := range 50 {
+			p.flushed(at(time.Duration(i)*2*time.Millisecond), 2)
+		}
+		// A quiet 300ms, then one operation: its claim goes at once (a
+		// window has passed) and its outcome, 1.5ms later, is not held
+		// either, because the stream's count has faded.
+		claim := at(400 * time.Millisecond)
+		if got := p.hold(claim); got != 0 {
+			t.Fatalf("claim held %v, want 0", got)
+		}
+		p.flushed(claim, 1)
+		if got := p.hold(claim.Add(1500 * time.Microsecond)); got != 0 {
+			t.Fatalf("outcome held %v, want 0", got)
+		}
+	})
+
+	t.Run("a window of zero or less never holds", func(t *testing.T) {
+		for _, w := range []time.Duration{0, -time.Millisecond} {
+			p := pace{window: w}
+			for i := range 50 {
+				p.flushed(at(time.Duration(i)*time.Millisecond), 10)
+			}
+			if got := p.hold(at(50 * time.Millisecond)); got != 0 {
+				t.Fatalf("window %v: hold = %v, want 0", w, got)
+			}
+		}
+	})
+}
