@@ -8,6 +8,14 @@ import (
 func TestPaceHoldsOnlyWhileAppendsArriveSteadily(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	// steady feeds p 100ms of 1,000 appends/s, two every 2ms as at 500
+	// operations/s, and returns when the last flush began.
+	steady := func(p *pace) time.Time {
+		for i := range 50 {
+			p.flushed(at(time.Duration(i)*2*time.Millisecond), 2)
+		}
+		return at(98 * time.Millisecond)
+	}
 
 	t.Run("the first flush is never held", func(t *testing.T) {
 		p := pace{window: 4 * time.Millisecond}
@@ -27,12 +35,8 @@ func TestPaceHoldsOnlyWhileAppendsArriveSteadily(t *testing.T) {
 	})
 
 	t.Run("a steady stream is held until a window after the previous flush", func(t *testing.T) {
-		// 1,000 appends/s: two every 2ms, as at 500 operations/s.
 		p := pace{window: 4 * time.Millisecond}
-		for i := range 50 {
-			p.flushed(at(time.Duration(i)*2*time.Millisecond), 2)
-		}
-		last := at(98 * time.Millisecond)
+		last := steady(&p)
 		if got, want := p.hold(last.Add(time.Millisecond)), 3*time.Millisecond; got != want {
 			t.Fatalf("hold 1ms after a flush = %v, want %v", got, want)
 		}
@@ -43,9 +47,7 @@ func TestPaceHoldsOnlyWhileAppendsArriveSteadily(t *testing.T) {
 
 	t.Run("pacing ends when the stream does", func(t *testing.T) {
 		p := pace{window: 4 * time.Millisecond}
-		for i := range 50 {
-			p.flushed(at(time.Duration(i)*2*time.Millisecond), 2)
-		}
+		steady(&p)
 		// A quiet 300ms, then one operation: its claim goes at once (a
 		// window has passed) and its outcome, 1.5ms later, is not held
 		// either, because the stream's count has faded.
@@ -62,10 +64,8 @@ func TestPaceHoldsOnlyWhileAppendsArriveSteadily(t *testing.T) {
 	t.Run("a window of zero or less never holds", func(t *testing.T) {
 		for _, w := range []time.Duration{0, -time.Millisecond} {
 			p := pace{window: w}
-			for i := range 50 {
-				p.flushed(at(time.Duration(i)*time.Millisecond), 10)
-			}
-			if got := p.hold(at(50 * time.Millisecond)); got != 0 {
+			last := steady(&p)
+			if got := p.hold(last.Add(time.Millisecond)); got != 0 {
 				t.Fatalf("window %v: hold = %v, want 0", w, got)
 			}
 		}
