@@ -318,6 +318,7 @@ func (b *batcher) commit(ctx context.Context, reqs []*request, keys []string, by
 			b.cache.drop(keys)
 		}
 	}()
+	epoch := b.cache.begin()
 	current, missing := b.cache.get(keys)
 	// An operation whose first event here is seq 1 is folded from the empty
 	// record without reading its row: if the row exists, it is at seq 1 or
@@ -363,7 +364,7 @@ func (b *batcher) commit(ctx context.Context, reqs []*request, keys []string, by
 		folded = slices.DeleteFunc(folded, func(op events.Operation) bool { return stale[op.Key] })
 		b.cache.drop(slices.Collect(maps.Keys(stale)))
 	}
-	b.cache.put(folded)
+	b.cache.put(epoch, folded)
 	return results, nil
 }
 

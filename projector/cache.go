@@ -47,10 +47,17 @@ import (
 // unknown. Two flushers may hold the same operation at once (one partition's
 // messages split across two batches); put keeps the higher seq whatever
 // order they finish in.
+//
+// A database crash can take rows committed asynchronously (see
+// durabilityWatch), and the partitions are then read again. Their events
+// must be folded onto the rows as they are after the crash, not skipped
+// as already in a cached record, so reset empties the cache and a flush
+// that began before it caches nothing.
 type recordCache struct {
-	mu  sync.Mutex
-	max int
-	ops map[string]events.Operation
+	mu    sync.Mutex
+	max   int
+	epoch uint64 // bumped by reset
+	ops   map[string]events.Operation
 }
 
 // newRecordCache returns a cache of at most max records; max ≤ 0 caches
@@ -75,13 +82,32 @@ func (c *recordCache) get(keys []string) (map[string]events.Operation, []string)
 	return found, missing
 }
 
-// put caches committed records.
-func (c *recordCache) put(ops []events.Operation) {
+// begin returns the epoch a flush starts in, for put.
+func (c *recordCache) begin() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.epoch
+}
+
+// reset forgets every record.
+func (c *recordCache) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.epoch++
+	clear(c.ops)
+}
+
+// put caches the records committed by a flush that began in epoch, unless
+// the cache was reset since.
+func (c *recordCache) put(epoch uint64, ops []events.Operation) {
 	if c.max <= 0 {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if epoch != c.epoch {
+		return
+	}
 	for _, op := range ops {
 		if old, ok := c.ops[op.Key]; !ok || old.Seq < op.Seq {
 			c.ops[op.Key] = op

@@ -49,7 +49,13 @@ func setup(t testing.TB) *harness {
 // setupPartitions is setup with topics of the given partition count.
 func setupPartitions(t testing.TB, partitions int32) *harness {
 	t.Helper()
-	h := setupDB(t)
+	return setupOn(t, testenv.NewDatabase(t), partitions)
+}
+
+// setupOn is setupPartitions on the database at dbURL.
+func setupOn(t testing.TB, dbURL string, partitions int32) *harness {
+	t.Helper()
+	h := setupDBOn(t, dbURL)
 	h.broker = testenv.NewBroker(t)
 	h.kafka = kafka.Config{Brokers: h.broker.Addrs, Partitions: partitions, ConnectTimeout: 20 * time.Second}
 	if err := kafka.EnsureTopics(t.Context(), h.kafka); err != nil {
@@ -75,7 +81,12 @@ func (h *harness) closeProducer() {
 // setupDB is setup without Kafka, for the read side.
 func setupDB(t testing.TB) *harness {
 	t.Helper()
-	pool := testenv.NewPool(t, testenv.NewDatabase(t))
+	return setupDBOn(t, testenv.NewDatabase(t))
+}
+
+func setupDBOn(t testing.TB, dbURL string) *harness {
+	t.Helper()
+	pool := testenv.NewPool(t, dbURL)
 	if _, err := store.Migrate(t.Context(), pool); err != nil {
 		t.Fatalf("migrating: %v", err)
 	}

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -66,16 +67,16 @@ type Config struct {
 	FlushTimeout time.Duration
 	// SynchronousCommit makes every projection commit wait for its WAL
 	// flush. By default it does not (synchronous_commit = off on the
-	// projector's own connections only): the read model is derived data and
-	// a commit that returned is acked at once. If the database crashes within
-	// the WAL writer's window (about 3 × wal_writer_delay) after such a
-	// commit, those rows fall back to an earlier seq while their offsets are
-	// already committed; the next event of each affected operation restores
-	// its row (folded onto the projector's cached record, or through gap
-	// fill), and an operation that had reached its last event stays behind
-	// until Rebuild runs or the group's offsets are reset to before the
-	// crash. Set this when that window is not acceptable.
+	// projector's own connections only): the read model is derived data, so
+	// its rows need not each cost an fsync. Their offsets are committed only
+	// once the WAL holding them is flushed (durabilityWatch), so a database
+	// crash that takes rows also has their events read again. Set this to
+	// do without the watch's connection.
 	SynchronousCommit bool
+	// DurabilityInterval is how often, while batches wait, the projector
+	// checks whether its asynchronous commits have reached disk, so that
+	// their offsets can be committed (durabilityWatch). Default 20ms.
+	DurabilityInterval time.Duration
 	// CacheSize caps how many operations' last written records the projector
 	// keeps in memory, so that a flush writes without reading the rows
 	// first. Default 100000; an entry costs about the size of its record.
@@ -111,6 +112,9 @@ func (c Config) WithDefaults() Config {
 	if c.CacheSize == 0 {
 		c.CacheSize = 100_000
 	}
+	if c.DurabilityInterval <= 0 {
+		c.DurabilityInterval = 20 * time.Millisecond
+	}
 	return c
 }
 
@@ -131,6 +135,7 @@ type Projector struct {
 	tracer  trace.Tracer
 	metrics *metrics
 	batcher *batcher
+	watch   *durabilityWatch // nil with synchronous commits
 	started atomic.Bool
 }
 
@@ -167,9 +172,10 @@ func New(cfg Config) (*Projector, error) {
 // Run consumes until ctx is done and returns nil then; it returns an error
 // if the consumer cannot start or stops on its own. A Projector runs once.
 //
-// Offsets are committed only for acked messages and a message is acked only
-// after its row committed, so a crash at any point redelivers what was not
-// stored, and redelivery is harmless.
+// A message's offset is committed only once its row is committed and, with
+// asynchronous commits, flushed to disk; so a crash of the process or of
+// the database at any point redelivers what was not stored, and
+// redelivery is harmless.
 func (p *Projector) Run(ctx context.Context) error {
 	if !p.started.CompareAndSwap(false, true) {
 		return errors.New("projector: Run called twice")
@@ -181,7 +187,27 @@ func (p *Projector) Run(ctx context.Context) error {
 	defer closePool()
 	p.batcher.pool = pool
 
-	consumer, err := kafka.NewBatchConsumer(p.cfg.Kafka, p.cfg.Group, p.cfg.Kafka.Topic(events.TopicOutcomes),
+	if !p.cfg.SynchronousCommit {
+		p.watch = newDurabilityWatch(watchConnConfig(p.cfg.Store.Pool()), p.cfg.DurabilityInterval,
+			p.batcher.cache.reset, p.log)
+		conn, err := p.watch.connect(ctx)
+		if err != nil {
+			return nil // ctx ended before the database answered
+		}
+		wctx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
+		watchDone := make(chan struct{})
+		go func() {
+			defer close(watchDone)
+			p.watch.run(wctx, conn)
+		}()
+		defer func() {
+			stopWatch()
+			<-watchDone
+			p.watch.stop()
+		}()
+	}
+
+	consumer, err := kafka.NewDeferredBatchConsumer(p.cfg.Kafka, p.cfg.Group, p.cfg.Kafka.Topic(events.TopicOutcomes),
 		p.cfg.MaxBatch, p.handle, p.cfg.Logger)
 	if err != nil {
 		return fmt.Errorf("projector: %w", err)
@@ -209,6 +235,17 @@ func (p *Projector) Run(ctx context.Context) error {
 		return errors.New("projector: the consumer stopped on its own")
 	}
 	return nil
+}
+
+// watchConnConfig is the store's connection settings, named for operators
+// who look at pg_stat_activity.
+func watchConnConfig(pool *pgxpool.Pool) *pgx.ConnConfig {
+	cfg := pool.Config().ConnConfig.Copy()
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	cfg.RuntimeParams["application_name"] = "effectline-projector-durability"
+	return cfg
 }
 
 // openWritePool returns the pool the flushes run on and how to release it.
@@ -247,7 +284,7 @@ func openWritePool(ctx context.Context, st *store.Store, conns int, syncCommit b
 // malformed message is logged, counted and acked. An error (nothing was
 // committed for some event) has the whole batch handed over again, which is
 // harmless: events at or below a row's seq are skipped.
-func (p *Projector) handle(ctx context.Context, msgs []*sarama.ConsumerMessage) error {
+func (p *Projector) handle(ctx context.Context, msgs []*sarama.ConsumerMessage) (kafka.Durable, error) {
 	ctxs := make([]context.Context, 0, len(msgs))
 	envs := make([]events.Envelope, 0, len(msgs))
 	spans := make([]trace.Span, 0, len(msgs))
@@ -272,7 +309,11 @@ func (p *Projector) handle(ctx context.Context, msgs []*sarama.ConsumerMessage) 
 		ctxs, envs, spans = append(ctxs, mctx), append(envs, env), append(spans, span)
 	}
 	if len(envs) == 0 {
-		return nil
+		return nil, nil
+	}
+	var gen uint64
+	if p.watch != nil {
+		gen = p.watch.begin()
 	}
 	var failed error
 	for i, res := range p.batcher.submit(ctxs, envs) {
@@ -297,5 +338,8 @@ func (p *Projector) handle(ctx context.Context, msgs []*sarama.ConsumerMessage) 
 	}
 	// A batch that failed in part is delivered again whole; the events that
 	// committed are skipped then (their rows are at or past them).
-	return failed
+	if failed != nil || p.watch == nil {
+		return nil, failed
+	}
+	return p.watch.after(gen), nil
 }

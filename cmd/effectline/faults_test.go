@@ -81,6 +81,8 @@ type faultWorldOptions struct {
 	// one behind a proxy). Default: testenv.NewBroker with brokerOpts.
 	brokers    []string
 	brokerOpts []testenv.BrokerOption
+	// db is the database to use; default a new one on the shared server.
+	db string
 	// dbVia rewrites the database URL the binary uses (through a proxy);
 	// the test itself always talks to the database directly.
 	dbVia func(direct string) string
@@ -96,7 +98,10 @@ type faultWorldOptions struct {
 // newFaultWorld is newWorld with the dependencies the test controls.
 func newFaultWorld(t *testing.T, o faultWorldOptions) *world {
 	t.Helper()
-	w := &world{db: testenv.NewDatabase(t), fake: o.fake}
+	w := &world{db: o.db, fake: o.fake}
+	if w.db == "" {
+		w.db = testenv.NewDatabase(t)
+	}
 	if w.fake == nil {
 		w.fake = testenv.NewFakeTool(t, o.fakeOpts...)
 	}
@@ -682,6 +687,55 @@ func TestFaultPostgresRestart(t *testing.T) {
 	select {
 	case <-p.done:
 		t.Errorf("effectline exited during the database outage: %v", p.err)
+	default:
+		if err := p.stop(15 * time.Second); err != nil {
+			t.Errorf("graceful stop: %v", err)
+		}
+	}
+}
+
+// TestFaultPostgresCrash crashes a PostgreSQL server of the test's own
+// mid-run (an immediate shutdown: every backend killed, nothing written on
+// the way out, crash recovery on the next start) and starts it again after
+// 2s. Unlike TestFaultPostgresRestart, this loses what was committed
+// asynchronously but not yet on disk: the relay's deletes (so events are
+// published again) and the projector's last rows (so they must be
+// projected again). The WAL writer waits 10s between flushes, so such a
+// tail is there to lose.
+func TestFaultPostgresCrash(t *testing.T) {
+	t.Parallel()
+	srv := testenv.NewPostgresServer(t, "wal_writer_delay=10s")
+	w := newFaultWorld(t, faultWorldOptions{db: srv.NewDatabase(t, "effectline"), fakeOpts: []testenv.FakeOption{
+		testenv.WithDefaultFault(testenv.FaultStall(150*time.Millisecond), testenv.RouteInvoke)}})
+	pool := testenv.NewPool(t, w.db)
+	st := store.New(pool)
+	ctx := untilCtx(t, 3*time.Minute)
+	f := &faultFigures{test: "PostgreSQL crash (immediate shutdown mid-run, down 2s, crash recovery; calls take 150ms)"}
+
+	p := faultStartPipeline(t, w, "effectline")
+	ops := faultOps("crash", 45)
+	fed := faultFeed(ctx, pool, ops, 120*time.Millisecond)
+	waitFor(t, ctx, "some operations to complete", func() bool { return faultCompletedCount(ctx, st, ops) >= 10 })
+	crashed := time.Now()
+	srv.Crash(t)
+	time.Sleep(2 * time.Second)
+	srv.Start(t)
+	pool.Reset() // the test's own connections died with the server
+	f.note("crashed after %d of %d operations completed; down 2s", faultCompletedCount(ctx, st, ops), len(ops))
+	faultFed(t, fed)
+
+	sctx, cancel := context.WithTimeout(ctx, faultSettleTimeout)
+	defer cancel()
+	recs := faultWaitSettled(sctx, st, ops)
+	f.note("every operation settled %s after the crash", time.Since(crashed).Round(100*time.Millisecond))
+	time.Sleep(time.Second)
+	recs = faultReload(ctx, t, st, ops, recs)
+	faultJudge(ctx, t, f, w, pool, ops, recs, faultOnlyCompleted)
+	f.note("%s", faultLogSummary(p))
+	f.report(t)
+	select {
+	case <-p.done:
+		t.Errorf("effectline exited during the database crash: %v", p.err)
 	default:
 		if err := p.stop(15 * time.Second); err != nil {
 			t.Errorf("graceful stop: %v", err)
