@@ -139,7 +139,7 @@ func TestBadInputStartup(t *testing.T) {
 		},
 		{
 			name:  "database URL on a closed port",
-			env:   map[string]string{envDatabaseURL: fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", faultFreePort(t))},
+			env:   map[string]string{envDatabaseURL: fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", testenv.FreePort(t))},
 			wants: []string{"PostgreSQL must be running and reachable through EFFECTLINE_DATABASE_URL"},
 		},
 		{
@@ -309,7 +309,7 @@ func TestBadInputEndToEnd(t *testing.T) {
 	st := store.New(pool)
 	ctx := untilCtx(t, 3*time.Minute)
 	secret := badSigningSecret(t)
-	addr := fmt.Sprintf("127.0.0.1:%d", faultFreePort(t))
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	p := start(t, "effectline (api)", w.with(map[string]string{
 		envInsecureOpenAPI:              "true",
 		envHTTPAddr:                     addr,

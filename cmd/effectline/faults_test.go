@@ -424,17 +424,6 @@ func faultReadModelLag(ctx context.Context, t *testing.T, pool *pgxpool.Pool, op
 	return len(behind)
 }
 
-// faultFreePort returns a loopback port nothing listens on at the moment.
-func faultFreePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 func faultListenLoopback(network, address string) (net.Listener, error) {
 	_, port, err := net.SplitHostPort(address)
 	if err != nil {
@@ -456,7 +445,7 @@ type faultBroker struct {
 
 func newFaultBroker(t *testing.T) *faultBroker {
 	t.Helper()
-	b := &faultBroker{t: t, port: faultFreePort(t), dir: t.TempDir()}
+	b := &faultBroker{t: t, port: testenv.FreePort(t), dir: t.TempDir()}
 	b.start()
 	t.Cleanup(b.stop)
 	return b
@@ -674,11 +663,20 @@ func TestFaultPostgresRestart(t *testing.T) {
 	}
 	f.note("%d backends terminated over %s, connections refused for 3s", terminated, time.Since(first).Round(100*time.Millisecond))
 	faultFed(t, fed)
+	faultSettleAndJudge(ctx, t, f, w, pool, ops, p, first, "the first termination")
+}
 
+// faultSettleAndJudge waits for every operation of a database fault test to
+// settle, judges the run (every operation completed), reports the figures
+// and stops the binary, which must have lived through the fault.
+func faultSettleAndJudge(ctx context.Context, t *testing.T, f *faultFigures, w *world, pool *pgxpool.Pool, ops []faultOp,
+	p *proc, since time.Time, sinceWhat string) {
+	t.Helper()
+	st := store.New(pool)
 	sctx, cancel := context.WithTimeout(ctx, faultSettleTimeout)
 	defer cancel()
 	recs := faultWaitSettled(sctx, st, ops)
-	f.note("every operation settled %s after the first termination", time.Since(first).Round(100*time.Millisecond))
+	f.note("every operation settled %s after %s", time.Since(since).Round(100*time.Millisecond), sinceWhat)
 	time.Sleep(time.Second)
 	recs = faultReload(ctx, t, st, ops, recs)
 	faultJudge(ctx, t, f, w, pool, ops, recs, faultOnlyCompleted)
@@ -686,7 +684,7 @@ func TestFaultPostgresRestart(t *testing.T) {
 	f.report(t)
 	select {
 	case <-p.done:
-		t.Errorf("effectline exited during the database outage: %v", p.err)
+		t.Errorf("effectline exited during the database fault: %v", p.err)
 	default:
 		if err := p.stop(15 * time.Second); err != nil {
 			t.Errorf("graceful stop: %v", err)
@@ -723,24 +721,7 @@ func TestFaultPostgresCrash(t *testing.T) {
 	pool.Reset() // the test's own connections died with the server
 	f.note("crashed after %d of %d operations completed; down 2s", faultCompletedCount(ctx, st, ops), len(ops))
 	faultFed(t, fed)
-
-	sctx, cancel := context.WithTimeout(ctx, faultSettleTimeout)
-	defer cancel()
-	recs := faultWaitSettled(sctx, st, ops)
-	f.note("every operation settled %s after the crash", time.Since(crashed).Round(100*time.Millisecond))
-	time.Sleep(time.Second)
-	recs = faultReload(ctx, t, st, ops, recs)
-	faultJudge(ctx, t, f, w, pool, ops, recs, faultOnlyCompleted)
-	f.note("%s", faultLogSummary(p))
-	f.report(t)
-	select {
-	case <-p.done:
-		t.Errorf("effectline exited during the database crash: %v", p.err)
-	default:
-		if err := p.stop(15 * time.Second); err != nil {
-			t.Errorf("graceful stop: %v", err)
-		}
-	}
+	faultSettleAndJudge(ctx, t, f, w, pool, ops, p, crashed, "the crash")
 }
 
 func faultDatabaseName(t *testing.T, dbURL string) string {

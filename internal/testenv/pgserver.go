@@ -65,7 +65,7 @@ func NewPostgresServer(t testing.TB, settings ...string) *PostgresServer {
 	}
 	s.run(t, "initdb", "-D", s.data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
 
-	port := freePort(t)
+	port := FreePort(t)
 	conf := append([]string{
 		"listen_addresses='127.0.0.1'", "port=" + strconv.Itoa(port), "unix_socket_directories=''",
 		"autovacuum=off", "max_connections=50", "shared_buffers=16MB",
@@ -172,7 +172,8 @@ func postgresBinDir(t testing.TB) string {
 	return ""
 }
 
-func freePort(t testing.TB) int {
+// FreePort returns a port of 127.0.0.1 nothing listens on at the moment.
+func FreePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
