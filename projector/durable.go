@@ -34,13 +34,14 @@ var errMaybeLost = errors.New("the database connection was lost, so rows committ
 // every waiting batch may be lost and settles with errMaybeLost, and the
 // consumer reads the partitions again from their committed offsets. The
 // next connection starts a new generation: batches whose flush began in an
-// earlier one settle with errMaybeLost too, and so do the cached records,
-// which onNewGeneration drops.
+// earlier one settle with errMaybeLost too. The cached records may be among
+// the lost as well: onDoubt drops them at the loss and again at the new
+// connection (a flush in between may have cached a row the crash took).
 type durabilityWatch struct {
-	connConfig      *pgx.ConnConfig
-	interval        time.Duration
-	onNewGeneration func()
-	log             *slog.Logger
+	connConfig *pgx.ConnConfig
+	interval   time.Duration
+	onDoubt    func()
+	log        *slog.Logger
 
 	mu      sync.Mutex
 	gen     uint64 // 0 until connected; bumped by every new connection
@@ -58,8 +59,8 @@ type round struct {
 	batches []pending
 }
 
-func newDurabilityWatch(cfg *pgx.ConnConfig, interval time.Duration, onNewGeneration func(), log *slog.Logger) *durabilityWatch {
-	return &durabilityWatch{connConfig: cfg, interval: interval, onNewGeneration: onNewGeneration, log: log,
+func newDurabilityWatch(cfg *pgx.ConnConfig, interval time.Duration, onDoubt func(), log *slog.Logger) *durabilityWatch {
+	return &durabilityWatch{connConfig: cfg, interval: interval, onDoubt: onDoubt, log: log,
 		wake: make(chan struct{}, 1)}
 }
 
@@ -96,15 +97,16 @@ func (w *durabilityWatch) connect(ctx context.Context) (*pgx.Conn, error) {
 	for {
 		conn, err := pgx.ConnectConfig(ctx, w.connConfig)
 		if err == nil {
+			// Dropped before the generation changes, so that every flush of
+			// the new one folds onto rows as the server has them now.
+			if w.begin() != 0 {
+				w.onDoubt()
+			}
 			w.mu.Lock()
-			first := w.gen == 0
 			w.gen++
 			stale := w.waiting
 			w.waiting = nil
 			w.mu.Unlock()
-			if !first {
-				w.onNewGeneration()
-			}
 			settleAll(stale, errMaybeLost)
 			return conn, nil
 		}
@@ -161,6 +163,7 @@ func (w *durabilityWatch) run(ctx context.Context, conn *pgx.Conn) {
 			}
 			rounds = nil
 			settleAll(fresh, errMaybeLost)
+			w.onDoubt()
 			_ = conn.Close(context.WithoutCancel(ctx))
 			if conn, err = w.connect(ctx); err != nil {
 				conn = nil
