@@ -10,6 +10,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/projector"
 )
 
 // TestProjectionSurvivesADatabaseCrash: the projector commits its rows
@@ -25,7 +26,7 @@ func TestProjectionSurvivesADatabaseCrash(t *testing.T) {
 	srv := testenv.NewPostgresServer(t, "wal_writer_delay=10s")
 	dbURL := srv.NewDatabase(t, "crash")
 	h := setupOn(t, dbURL, 4)
-	h.start("crash-test")
+	run := h.start("crash-test")
 
 	const n = 40
 	want := map[string]int64{}
@@ -58,4 +59,7 @@ func TestProjectionSurvivesADatabaseCrash(t *testing.T) {
 	t.Logf("rows behind their journal right after the crash: %d of %d (the projector may already have repaired some)", lost, n)
 
 	h.waitSeqs(want)
+	if got := run.rewinds(t); got < 1 {
+		t.Errorf("%s = %d after a crash, want at least 1", projector.MetricRewinds, got)
+	}
 }

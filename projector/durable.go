@@ -35,12 +35,13 @@ var errMaybeLost = errors.New("the database connection was lost, so rows committ
 // consumer reads the partitions again from their committed offsets. The
 // next connection starts a new generation: batches whose flush began in an
 // earlier one settle with errMaybeLost too. The cached records may be among
-// the lost as well: onDoubt drops them at the loss and again at the new
-// connection (a flush in between may have cached a row the crash took).
+// the lost as well: onDoubt drops them at the loss (lost true) and again at
+// the new connection (a flush in between may have cached a row the crash
+// took).
 type durabilityWatch struct {
 	connConfig *pgx.ConnConfig
 	interval   time.Duration
-	onDoubt    func()
+	onDoubt    func(lost bool)
 	log        *slog.Logger
 
 	mu      sync.Mutex
@@ -59,7 +60,7 @@ type round struct {
 	batches []pending
 }
 
-func newDurabilityWatch(cfg *pgx.ConnConfig, interval time.Duration, onDoubt func(), log *slog.Logger) *durabilityWatch {
+func newDurabilityWatch(cfg *pgx.ConnConfig, interval time.Duration, onDoubt func(lost bool), log *slog.Logger) *durabilityWatch {
 	return &durabilityWatch{connConfig: cfg, interval: interval, onDoubt: onDoubt, log: log,
 		wake: make(chan struct{}, 1)}
 }
@@ -100,7 +101,7 @@ func (w *durabilityWatch) connect(ctx context.Context) (*pgx.Conn, error) {
 			// Dropped before the generation changes, so that every flush of
 			// the new one folds onto rows as the server has them now.
 			if w.begin() != 0 {
-				w.onDoubt()
+				w.onDoubt(false)
 			}
 			w.mu.Lock()
 			w.gen++
@@ -163,7 +164,7 @@ func (w *durabilityWatch) run(ctx context.Context, conn *pgx.Conn) {
 			}
 			rounds = nil
 			settleAll(fresh, errMaybeLost)
-			w.onDoubt()
+			w.onDoubt(true)
 			_ = conn.Close(context.WithoutCancel(ctx))
 			if conn, err = w.connect(ctx); err != nil {
 				conn = nil

@@ -31,7 +31,7 @@ func TestDurabilityWatch(t *testing.T) {
 	t.Parallel()
 	pool := testenv.NewPool(t, testenv.NewDatabase(t))
 	var doubts atomic.Int32
-	w := newDurabilityWatch(watchConnConfig(pool), 5*time.Millisecond, func() { doubts.Add(1) }, slog.New(slog.DiscardHandler))
+	w := newDurabilityWatch(watchConnConfig(pool), 5*time.Millisecond, func(bool) { doubts.Add(1) }, slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	conn, err := w.connect(ctx)

@@ -193,6 +193,26 @@ func (r *running) count(t testing.TB, outcome string) int64 {
 	return 0
 }
 
+// rewinds returns how many times the projector read its partitions again.
+func (r *running) rewinds(t testing.TB) int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.metrics.Collect(context.Background(), &rm); err != nil {
+		t.Fatalf("collecting metrics: %v", err)
+	}
+	var n int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == projector.MetricRewinds {
+				for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+					n += dp.Value
+				}
+			}
+		}
+	}
+	return n
+}
+
 // lagSamples returns how many lag observations the projector recorded.
 func (r *running) lagSamples(t testing.TB) uint64 {
 	t.Helper()

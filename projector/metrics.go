@@ -18,6 +18,10 @@ const (
 	// MetricBatch is the number of events per projection transaction: how
 	// well the group commit amortizes a commit across partitions.
 	MetricBatch = "effectline.projection.batch"
+	// MetricRewinds counts the times the projector read its partitions
+	// again from their committed offsets because rows it had committed
+	// asynchronously may have been lost (its database connection broke).
+	MetricRewinds = "effectline.projection.rewinds"
 )
 
 // Outcome attribute values of MetricEvents.
@@ -41,9 +45,10 @@ const (
 var lagBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}
 
 type metrics struct {
-	lag    metric.Float64Histogram
-	events metric.Int64Counter
-	batch  metric.Int64Histogram
+	lag     metric.Float64Histogram
+	events  metric.Int64Counter
+	batch   metric.Int64Histogram
+	rewinds metric.Int64Counter
 	// by holds the precomputed attribute set of each outcome, so counting
 	// allocates nothing per event.
 	by map[string]metric.AddOption
@@ -71,11 +76,17 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating %s: %w", MetricBatch, err)
 	}
+	rewinds, err := m.Int64Counter(MetricRewinds,
+		metric.WithUnit("{rewind}"),
+		metric.WithDescription("Times the projector read its partitions again because rows it committed asynchronously may have been lost."))
+	if err != nil {
+		return nil, fmt.Errorf("creating %s: %w", MetricRewinds, err)
+	}
 	by := map[string]metric.AddOption{}
 	for _, o := range []string{OutcomeApplied, OutcomeSkipped, OutcomeGapFilled, OutcomeMalformed, OutcomeRejected} {
 		by[o] = metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", o)))
 	}
-	return &metrics{lag: lag, events: evs, batch: batch, by: by}, nil
+	return &metrics{lag: lag, events: evs, batch: batch, rewinds: rewinds, by: by}, nil
 }
 
 func (m *metrics) count(ctx context.Context, outcome string, n int) {

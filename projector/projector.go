@@ -188,8 +188,12 @@ func (p *Projector) Run(ctx context.Context) error {
 	p.batcher.pool = pool
 
 	if !p.cfg.SynchronousCommit {
-		p.watch = newDurabilityWatch(watchConnConfig(p.cfg.Store.Pool()), p.cfg.DurabilityInterval,
-			p.batcher.cache.reset, p.log)
+		p.watch = newDurabilityWatch(watchConnConfig(p.cfg.Store.Pool()), p.cfg.DurabilityInterval, func(lost bool) {
+			p.batcher.cache.reset()
+			if lost {
+				p.metrics.rewinds.Add(context.WithoutCancel(ctx), 1)
+			}
+		}, p.log)
 		conn, err := p.watch.connect(ctx)
 		if err != nil {
 			return nil // ctx ended before the database answered

@@ -120,7 +120,8 @@ func newApp(ctx context.Context, o appOptions) (*app, error) {
 	// commits per operation with one flusher, 1.24 with two, 1.94 with four
 	// always on, at the same latency), while flat out one backend executing
 	// every append in turn held the executor back (docs/benchmarks.md).
-	a.committer = a.store.NewCommitter(store.CommitterConfig{Flushers: 4, Window: o.cfg.CommitWindow})
+	a.committer = a.store.NewCommitter(store.CommitterConfig{Flushers: 4, Window: o.cfg.CommitWindow,
+		MeterProvider: a.tel.MeterProvider()})
 	a.tools = o.tools
 	if a.tools == nil {
 		switch {

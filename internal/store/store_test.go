@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/internal/testenv"
@@ -268,7 +271,9 @@ func TestCommitterGroupsConcurrentAppends(t *testing.T) {
 	t.Parallel()
 	s := setup(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	c := s.NewCommitter(store.CommitterConfig{MaxBatch: 64, Flushers: 2})
+	reader := sdkmetric.NewManualReader()
+	c := s.NewCommitter(store.CommitterConfig{MaxBatch: 64, Flushers: 2,
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
 	const n = 200
@@ -296,6 +301,26 @@ func TestCommitterGroupsConcurrentAppends(t *testing.T) {
 	_ = s.Pool().QueryRow(context.Background(), `SELECT count(*) FROM operations`).Scan(&count)
 	if count != n {
 		t.Fatalf("%d operations, want %d", count, n)
+	}
+
+	// The metric tells an operator how well commits are shared.
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	var commits uint64
+	var appends int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == store.MetricCommitAppends {
+				for _, dp := range m.Data.(metricdata.Histogram[int64]).DataPoints {
+					commits, appends = commits+dp.Count, appends+dp.Sum
+				}
+			}
+		}
+	}
+	if appends != n || int64(commits) != s.SyncCommits() {
+		t.Fatalf("%s: %d appends in %d commits, want %d in %d", store.MetricCommitAppends, appends, commits, n, s.SyncCommits())
 	}
 }
 
