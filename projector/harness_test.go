@@ -171,8 +171,9 @@ func (h *harness) start(group string, tweak ...func(*projector.Config)) *running
 	return &running{projector: p, metrics: reader, stop: stop}
 }
 
-// count returns the projector's event counter for one outcome.
-func (r *running) count(t testing.TB, outcome string) int64 {
+// metric returns the data the projector recorded for metric name, nil
+// if none.
+func (r *running) metric(t testing.TB, name string) metricdata.Aggregation {
 	t.Helper()
 	var rm metricdata.ResourceMetrics
 	if err := r.metrics.Collect(context.Background(), &rm); err != nil {
@@ -180,14 +181,21 @@ func (r *running) count(t testing.TB, outcome string) int64 {
 	}
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			if m.Name != projector.MetricEvents {
-				continue
+			if m.Name == name {
+				return m.Data
 			}
-			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				if v, ok := dp.Attributes.Value("outcome"); ok && v.AsString() == outcome {
-					return dp.Value
-				}
-			}
+		}
+	}
+	return nil
+}
+
+// count returns the projector's event counter for one outcome.
+func (r *running) count(t testing.TB, outcome string) int64 {
+	t.Helper()
+	sum, _ := r.metric(t, projector.MetricEvents).(metricdata.Sum[int64])
+	for _, dp := range sum.DataPoints {
+		if v, ok := dp.Attributes.Value("outcome"); ok && v.AsString() == outcome {
+			return dp.Value
 		}
 	}
 	return 0
@@ -196,19 +204,10 @@ func (r *running) count(t testing.TB, outcome string) int64 {
 // rewinds returns how many times the projector read its partitions again.
 func (r *running) rewinds(t testing.TB) int64 {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := r.metrics.Collect(context.Background(), &rm); err != nil {
-		t.Fatalf("collecting metrics: %v", err)
-	}
+	sum, _ := r.metric(t, projector.MetricRewinds).(metricdata.Sum[int64])
 	var n int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name == projector.MetricRewinds {
-				for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-					n += dp.Value
-				}
-			}
-		}
+	for _, dp := range sum.DataPoints {
+		n += dp.Value
 	}
 	return n
 }
@@ -216,19 +215,10 @@ func (r *running) rewinds(t testing.TB) int64 {
 // lagSamples returns how many lag observations the projector recorded.
 func (r *running) lagSamples(t testing.TB) uint64 {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := r.metrics.Collect(context.Background(), &rm); err != nil {
-		t.Fatalf("collecting metrics: %v", err)
-	}
+	h, _ := r.metric(t, projector.MetricLag).(metricdata.Histogram[float64])
 	var n uint64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name == projector.MetricLag {
-				for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
-					n += dp.Count
-				}
-			}
-		}
+	for _, dp := range h.DataPoints {
+		n += dp.Count
 	}
 	return n
 }
@@ -237,24 +227,14 @@ func (r *running) lagSamples(t testing.TB) uint64 {
 // they held in all.
 func (r *running) batches(t testing.TB) (count uint64, events int64) {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := r.metrics.Collect(context.Background(), &rm); err != nil {
-		t.Fatalf("collecting metrics: %v", err)
-	}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name == projector.MetricBatch {
-				for _, dp := range m.Data.(metricdata.Histogram[int64]).DataPoints {
-					count += dp.Count
-					events += dp.Sum
-				}
-			}
-		}
+	h, _ := r.metric(t, projector.MetricBatch).(metricdata.Histogram[int64])
+	for _, dp := range h.DataPoints {
+		count += dp.Count
+		events += dp.Sum
 	}
 	return count, events
 }
 
-// flow is the script of one operation's events.
 type flow struct {
 	t     testing.TB
 	key   string
