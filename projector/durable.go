@@ -72,8 +72,8 @@ func (w *durabilityWatch) begin() uint64 {
 	return w.gen
 }
 
-// after registers the rows a flush begun at gen committed and returns when
-// they are durable.
+// after registers the rows committed by a flush begun at gen; what it
+// returns settles once they are durable.
 func (w *durabilityWatch) after(gen uint64) kafka.Durable {
 	settle := make(chan error, 1)
 	w.mu.Lock()
