@@ -695,7 +695,8 @@ func faultSettleAndJudge(ctx context.Context, t *testing.T, f *faultFigures, w *
 // TestFaultPostgresCrash crashes a PostgreSQL server of the test's own
 // mid-run (an immediate shutdown: every backend killed, nothing written on
 // the way out, crash recovery on the next start) and starts it again after
-// 2s. Unlike TestFaultPostgresRestart, this loses what was committed
+// 2s, then crashes it once more and starts it at once, as a supervisor
+// would. Unlike TestFaultPostgresRestart, this loses what was committed
 // asynchronously but not yet on disk: the relay's deletes (so events are
 // published again) and the projector's last rows (so they must be
 // projected again). The WAL writer waits 10s between flushes, so such a
@@ -708,20 +709,26 @@ func TestFaultPostgresCrash(t *testing.T) {
 	pool := testenv.NewPool(t, w.db)
 	st := store.New(pool)
 	ctx := untilCtx(t, 3*time.Minute)
-	f := &faultFigures{test: "PostgreSQL crash (immediate shutdown mid-run, down 2s, crash recovery; calls take 150ms)"}
+	f := &faultFigures{test: "PostgreSQL crashes (immediate shutdown mid-run, down 2s, crash recovery; again, restarted at once; calls take 150ms)"}
 
 	p := faultStartPipeline(t, w, "effectline")
 	ops := faultOps("crash", 45)
 	fed := faultFeed(ctx, pool, ops, 120*time.Millisecond)
-	waitFor(t, ctx, "some operations to complete", func() bool { return faultCompletedCount(ctx, st, ops) >= 10 })
-	crashed := time.Now()
-	srv.Crash(t)
-	time.Sleep(2 * time.Second)
-	srv.Start(t)
-	pool.Reset() // the test's own connections died with the server
-	f.note("crashed after %d of %d operations completed; down 2s", faultCompletedCount(ctx, st, ops), len(ops))
+	var crashed time.Time
+	for _, c := range []struct {
+		after int
+		down  time.Duration
+	}{{10, 2 * time.Second}, {25, 0}} {
+		waitFor(t, ctx, fmt.Sprintf("%d operations to complete", c.after), func() bool { return faultCompletedCount(ctx, st, ops) >= c.after })
+		crashed = time.Now()
+		srv.Crash(t)
+		time.Sleep(c.down)
+		srv.Start(t)
+		pool.Reset() // the test's own connections died with the server
+		f.note("crashed after %d of %d operations completed; down %s", faultCompletedCount(ctx, st, ops), len(ops), time.Since(crashed).Round(100*time.Millisecond))
+	}
 	faultFed(t, fed)
-	faultSettleAndJudge(ctx, t, f, w, pool, ops, p, crashed, "the crash")
+	faultSettleAndJudge(ctx, t, f, w, pool, ops, p, crashed, "the last crash")
 }
 
 func faultDatabaseName(t *testing.T, dbURL string) string {
