@@ -44,27 +44,21 @@ type telemetry struct {
 func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
 	m := mp.Meter(instrumentation)
 	t := &telemetry{tracer: tp.Tracer(instrumentation)}
+	if err := metrics.Counters(m,
+		metrics.Counter{Into: &t.attempts, Name: "effectline.attempts",
+			Description: "Tool calls finished, by tool, effect class and outcome."},
+		metrics.Counter{Into: &t.unknowns, Name: "effectline.unknowns",
+			Description: "Calls whose outcome is unknown: the effect may have happened."},
+		metrics.Counter{Into: &t.journaled, Name: "effectline.executor.steps",
+			Description: "Steps the executor journaled, by kind."},
+		metrics.Counter{Into: &t.bad, Name: "effectline.executor.malformed_messages",
+			Description: "Messages on the intents topic that were not valid intents."},
+		metrics.Counter{Into: &t.intents, Name: "effectline.executor.intents_from_kafka",
+			Description: "Intents produced straight to Kafka and journaled by the executor."},
+	); err != nil {
+		return nil, err
+	}
 	var err error
-	if t.attempts, err = m.Int64Counter("effectline.attempts",
-		metric.WithDescription("Tool calls finished, by tool, effect class and outcome.")); err != nil {
-		return nil, err
-	}
-	if t.unknowns, err = m.Int64Counter("effectline.unknowns",
-		metric.WithDescription("Calls whose outcome is unknown: the effect may have happened.")); err != nil {
-		return nil, err
-	}
-	if t.journaled, err = m.Int64Counter("effectline.executor.steps",
-		metric.WithDescription("Steps the executor journaled, by kind.")); err != nil {
-		return nil, err
-	}
-	if t.bad, err = m.Int64Counter("effectline.executor.malformed_messages",
-		metric.WithDescription("Messages on the intents topic that were not valid intents.")); err != nil {
-		return nil, err
-	}
-	if t.intents, err = m.Int64Counter("effectline.executor.intents_from_kafka",
-		metric.WithDescription("Intents produced straight to Kafka and journaled by the executor.")); err != nil {
-		return nil, err
-	}
 	if t.e2e, err = metrics.OperationDuration(m); err != nil {
 		return nil, err
 	}

@@ -47,27 +47,21 @@ type telemetry struct {
 func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
 	m := mp.Meter(instrumentation)
 	t := &telemetry{tracer: tp.Tracer(instrumentation)}
+	if err := metrics.Counters(m,
+		metrics.Counter{Into: &t.reconciliations, Name: "effectline.reconciliations",
+			Description: "Answers to \"did it happen?\", by tool and answer (found, absent, cannot_tell, cannot_ask)."},
+		metrics.Counter{Into: &t.escalations, Name: "effectline.escalations",
+			Description: "Operations handed to the approval gate, by tool and reason."},
+		metrics.Counter{Into: &t.leasesExpired, Name: "effectline.leases_expired",
+			Description: "Steps declared Unknown because their worker stopped renewing the lease, by tool."},
+		metrics.Counter{Into: &t.malformedMsgs, Name: "effectline.reconciler.malformed_messages",
+			Description: "Messages on the outcomes topic that were not valid events."},
+		metrics.Counter{Into: &t.webhooks, Name: "effectline.webhooks",
+			Description: "Inbound callbacks, by source and result."},
+	); err != nil {
+		return nil, err
+	}
 	var err error
-	if t.reconciliations, err = m.Int64Counter("effectline.reconciliations",
-		metric.WithDescription("Answers to \"did it happen?\", by tool and answer (found, absent, cannot_tell, cannot_ask).")); err != nil {
-		return nil, err
-	}
-	if t.escalations, err = m.Int64Counter("effectline.escalations",
-		metric.WithDescription("Operations handed to the approval gate, by tool and reason.")); err != nil {
-		return nil, err
-	}
-	if t.leasesExpired, err = m.Int64Counter("effectline.leases_expired",
-		metric.WithDescription("Steps declared Unknown because their worker stopped renewing the lease, by tool.")); err != nil {
-		return nil, err
-	}
-	if t.malformedMsgs, err = m.Int64Counter("effectline.reconciler.malformed_messages",
-		metric.WithDescription("Messages on the outcomes topic that were not valid events.")); err != nil {
-		return nil, err
-	}
-	if t.webhooks, err = m.Int64Counter("effectline.webhooks",
-		metric.WithDescription("Inbound callbacks, by source and result.")); err != nil {
-		return nil, err
-	}
 	if t.e2e, err = metrics.OperationDuration(m); err != nil {
 		return nil, err
 	}

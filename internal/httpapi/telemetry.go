@@ -13,6 +13,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/effectline/effectline/internal/metrics"
 )
 
 const instrumentation = "github.com/effectline/effectline/internal/httpapi"
@@ -46,18 +48,18 @@ type telemetry struct {
 func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
 	m := mp.Meter(instrumentation)
 	t := &telemetry{tracer: tp.Tracer(instrumentation)}
-	var err error
-	if t.requests, err = m.Int64Counter("effectline.http.requests",
-		metric.WithDescription("HTTP API requests answered, by method, route and status code.")); err != nil {
+	if err := metrics.Counters(m,
+		metrics.Counter{Into: &t.requests, Name: "effectline.http.requests",
+			Description: "HTTP API requests answered, by method, route and status code."},
+		metrics.Counter{Into: &t.intents, Name: "effectline.http.intents",
+			Description: "Intents received over HTTP, by tool and result (recorded, duplicate, completed, conflict)."},
+	); err != nil {
 		return nil, err
 	}
+	var err error
 	if t.duration, err = m.Float64Histogram("http.server.request.duration", metric.WithUnit("s"),
 		metric.WithDescription("Duration of HTTP API requests, by method, route and status code."),
 		metric.WithExplicitBucketBoundaries(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)); err != nil {
-		return nil, err
-	}
-	if t.intents, err = m.Int64Counter("effectline.http.intents",
-		metric.WithDescription("Intents received over HTTP, by tool and result (recorded, duplicate, completed, conflict).")); err != nil {
 		return nil, err
 	}
 	return t, nil
