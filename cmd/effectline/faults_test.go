@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"net"
 	"net/url"
@@ -57,6 +58,20 @@ type faultOp struct {
 	key   string
 	tool  string
 	class events.EffectClass
+}
+
+// faultScale is the long form of the fault tests: the broker restart, the
+// database restart and crashes, the double delivery and the replay drive
+// that many times their operations (the crash test crashes once per 15),
+// with as many times the time.
+var faultScale = flag.Int("fault.scale", 1, "operations per fault test as a multiple of the CI form's (the long form uses 5 or more)")
+
+// faultScaled returns n times faultScale.
+func faultScaled(n int) int { return n * max(*faultScale, 1) }
+
+// faultCtx bounds a scaled fault test.
+func faultCtx(t *testing.T) context.Context {
+	return untilCtx(t, time.Duration(max(*faultScale, 1))*3*time.Minute)
 }
 
 // faultOps returns n operations spread round-robin over the three tools of
@@ -488,11 +503,11 @@ func TestFaultBrokerRestart(t *testing.T) {
 		testenv.WithDefaultFault(testenv.FaultStall(100*time.Millisecond), testenv.RouteInvoke)}})
 	pool := testenv.NewPool(t, w.db)
 	st := store.New(pool)
-	ctx := untilCtx(t, 3*time.Minute)
+	ctx := faultCtx(t)
 	f := &faultFigures{test: "broker restart (kfake stopped 5s mid-run, restarted on the same port and data dir)"}
 
 	p := faultStartPipeline(t, w, "effectline")
-	ops := faultOps("broker", 45)
+	ops := faultOps("broker", faultScaled(45))
 	fed := faultFeed(ctx, pool, ops, 100*time.Millisecond)
 
 	waitFor(t, ctx, "a third of the operations to complete", func() bool { return faultCompletedCount(ctx, st, ops) >= len(ops)/3 })
@@ -614,7 +629,7 @@ func TestFaultPostgresRestart(t *testing.T) {
 		testenv.WithDefaultFault(testenv.FaultStall(150*time.Millisecond), testenv.RouteInvoke)}})
 	pool := testenv.NewPool(t, w.db)
 	st := store.New(pool)
-	ctx := untilCtx(t, 3*time.Minute)
+	ctx := faultCtx(t)
 	f := &faultFigures{test: "PostgreSQL restart (every backend of the database terminated 10 times in 4s, then refused 3s, then 2 more; calls take 150ms)"}
 	db := faultDatabaseName(t, w.db)
 	admin, err := pgx.Connect(ctx, testenv.DatabaseURL())
@@ -643,7 +658,7 @@ func TestFaultPostgresRestart(t *testing.T) {
 	}
 
 	p := faultStartPipeline(t, w, "effectline")
-	ops := faultOps("postgres", 45)
+	ops := faultOps("postgres", faultScaled(45))
 	fed := faultFeed(ctx, pool, ops, 120*time.Millisecond)
 
 	waitFor(t, ctx, "some operations to complete", func() bool { return faultCompletedCount(ctx, st, ops) >= 5 })
@@ -696,7 +711,7 @@ func faultSettleAndJudge(ctx context.Context, t *testing.T, f *faultFigures, w *
 // mid-run (an immediate shutdown: every backend killed, nothing written on
 // the way out, crash recovery on the next start) and starts it again after
 // 2s, then crashes it once more and starts it at once, as a supervisor
-// would. Unlike TestFaultPostgresRestart, this loses what was committed
+// would (in the long form, once per 15 operations, alternately). Unlike TestFaultPostgresRestart, this loses what was committed
 // asynchronously but not yet on disk: the relay's deletes (so events are
 // published again) and the projector's last rows (so they must be
 // projected again). The WAL writer waits 10s between flushes, so such a
@@ -708,21 +723,22 @@ func TestFaultPostgresCrash(t *testing.T) {
 		testenv.WithDefaultFault(testenv.FaultStall(150*time.Millisecond), testenv.RouteInvoke)}})
 	pool := testenv.NewPool(t, w.db)
 	st := store.New(pool)
-	ctx := untilCtx(t, 3*time.Minute)
+	ctx := faultCtx(t)
 	f := &faultFigures{test: "PostgreSQL crashes (immediate shutdown mid-run, down 2s, crash recovery; again, restarted at once; calls take 150ms)"}
 
 	p := faultStartPipeline(t, w, "effectline")
-	ops := faultOps("crash", 45)
+	ops := faultOps("crash", faultScaled(45))
 	fed := faultFeed(ctx, pool, ops, 120*time.Millisecond)
 	var crashed time.Time
-	for _, c := range []struct {
-		after int
-		down  time.Duration
-	}{{10, 2 * time.Second}, {25, 0}} {
-		waitFor(t, ctx, fmt.Sprintf("%d operations to complete", c.after), func() bool { return faultCompletedCount(ctx, st, ops) >= c.after })
+	for i := range len(ops)/15 - 1 {
+		after, down := 10+15*i, 2*time.Second
+		if i%2 == 1 {
+			down = 0
+		}
+		waitFor(t, ctx, fmt.Sprintf("%d operations to complete", after), func() bool { return faultCompletedCount(ctx, st, ops) >= after })
 		crashed = time.Now()
 		srv.Crash(t)
-		time.Sleep(c.down)
+		time.Sleep(down)
 		srv.Start(t)
 		pool.Reset() // the test's own connections died with the server
 		f.note("crashed after %d of %d operations completed; down %s", faultCompletedCount(ctx, st, ops), len(ops), time.Since(crashed).Round(100*time.Millisecond))
@@ -1026,13 +1042,13 @@ func TestFaultEveryIntentDeliveredTwice(t *testing.T) {
 	w := newFaultWorld(t, faultWorldOptions{})
 	pool := testenv.NewPool(t, w.db)
 	st := store.New(pool)
-	ctx := untilCtx(t, 3*time.Minute)
+	ctx := faultCtx(t)
 	f := &faultFigures{test: "every intent delivered twice (outbox intents re-produced, direct intents produced twice)"}
 	pr, cfg := faultIntentsProducer(t, w.broker.Addrs)
 
 	p := faultStartPipeline(t, w, "effectline")
-	viaOutbox := faultOps("twice/outbox", 30)
-	direct := faultOps("twice/direct", 12)
+	viaOutbox := faultOps("twice/outbox", faultScaled(30))
+	direct := faultOps("twice/direct", faultScaled(12))
 	faultFed(t, faultFeed(ctx, pool, viaOutbox, 0))
 	produced := 0
 	for i, op := range viaOutbox {
@@ -1160,9 +1176,9 @@ func TestFaultReplayIntentsFromOffsetZero(t *testing.T) {
 	w := newFaultWorld(t, faultWorldOptions{})
 	pool := testenv.NewPool(t, w.db)
 	st := store.New(pool)
-	ctx := untilCtx(t, 3*time.Minute)
+	ctx := faultCtx(t)
 	f := &faultFigures{test: "replay from offset 0 (consumer groups deleted after a completed run, binary restarted)"}
-	ops := faultOps("replay", 30)
+	ops := faultOps("replay", faultScaled(30))
 	first := faultStartPipeline(t, w, "effectline (first run)")
 	lose := []testenv.Fault{testenv.FaultLoseResponse, testenv.FaultNone, testenv.FaultLoseResponse}
 	faultFeedPhased(ctx, t, w, pool, ops, []faultPhase{{events.Irreversible, lose}, {events.Compensable, lose}, {events.Idempotent, lose}})
