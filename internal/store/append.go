@@ -219,6 +219,13 @@ type AppendResult struct {
 // fails every step. Two steps from the same base of one operation may share
 // a batch: the second conflicts, as it would in its own transaction.
 func (s *Store) AppendBatch(ctx context.Context, as []Append) []AppendResult {
+	res, _ := s.appendBatchCommitted(ctx, as)
+	return res
+}
+
+// appendBatchCommitted is AppendBatch that also says whether the batch
+// committed, so the committer counts only commits that happened.
+func (s *Store) appendBatchCommitted(ctx context.Context, as []Append) ([]AppendResult, bool) {
 	// One round trip: a pipelined batch ending in a single Sync runs as one
 	// implicit transaction, so the steps commit together or not at all,
 	// without the two extra round trips of BEGIN and COMMIT.
@@ -229,7 +236,7 @@ func (s *Store) AppendBatch(ctx context.Context, as []Append) []AppendResult {
 				res[i] = AppendResult{Err: err}
 			}
 		}
-		return res
+		return res, false
 	}
 	s.commits.Add(1)
 	for i, a := range as {
@@ -238,7 +245,7 @@ func (s *Store) AppendBatch(ctx context.Context, as []Append) []AppendResult {
 			break
 		}
 	}
-	return res
+	return res, true
 }
 
 // AppendBatchTx writes many steps inside the caller's transaction,

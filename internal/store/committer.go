@@ -223,8 +223,10 @@ func (c *Committer) flush(ctx context.Context, batch []*commitReq) {
 	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	res := c.store.AppendBatch(fctx, as)
-	c.appends.Record(fctx, int64(len(as)))
+	res, committed := c.store.appendBatchCommitted(fctx, as)
+	if committed {
+		c.appends.Record(fctx, int64(len(as)))
+	}
 	for i, r := range live {
 		r.resp <- res[i]
 	}
