@@ -182,15 +182,6 @@ func (w *durabilityWatch) run(ctx context.Context, conn *pgx.Conn) {
 	}
 }
 
-// stop settles whatever still waits: the consumer has stopped, so it does
-// not matter how, as long as nobody blocks.
-func (w *durabilityWatch) stop() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	settleAll(w.waiting, errMaybeLost)
-	w.waiting = nil
-}
-
 func settleAll(ps []pending, err error) {
 	for _, p := range ps {
 		if err != nil {

@@ -188,27 +188,12 @@ func (p *Projector) Run(ctx context.Context) error {
 	p.batcher.pool = pool
 
 	if !p.cfg.SynchronousCommit {
-		p.watch = newDurabilityWatch(watchConnConfig(p.cfg.Store.Pool()), p.cfg.DurabilityInterval, func(lost bool) {
-			p.batcher.cache.reset()
-			if lost {
-				p.metrics.rewinds.Add(context.WithoutCancel(ctx), 1)
-			}
-		}, p.log)
-		conn, err := p.watch.connect(ctx)
+		stopWatch, err := p.startWatch(ctx)
 		if err != nil {
 			return nil // ctx ended before the database answered
 		}
-		wctx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
-		watchDone := make(chan struct{})
-		go func() {
-			defer close(watchDone)
-			p.watch.run(wctx, conn)
-		}()
-		defer func() {
-			stopWatch()
-			<-watchDone
-			p.watch.stop()
-		}()
+		// Stopped once the consumer has returned: no handler waits on it then.
+		defer stopWatch()
 	}
 
 	consumer, err := kafka.NewDeferredBatchConsumer(p.cfg.Kafka, p.cfg.Group, p.cfg.Kafka.Topic(events.TopicOutcomes),
@@ -239,6 +224,27 @@ func (p *Projector) Run(ctx context.Context) error {
 		return errors.New("projector: the consumer stopped on its own")
 	}
 	return nil
+}
+
+// startWatch connects the durability watch and runs it until stop.
+func (p *Projector) startWatch(ctx context.Context) (stop func(), err error) {
+	p.watch = newDurabilityWatch(watchConnConfig(p.cfg.Store.Pool()), p.cfg.DurabilityInterval, func(lost bool) {
+		p.batcher.cache.reset()
+		if lost {
+			p.metrics.rewinds.Add(context.WithoutCancel(ctx), 1)
+		}
+	}, p.log)
+	conn, err := p.watch.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.watch.run(wctx, conn)
+	}()
+	return func() { cancel(); <-done }, nil
 }
 
 // watchConnConfig is the store's connection settings, named for operators

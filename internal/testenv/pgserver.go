@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -125,7 +126,12 @@ func (s *PostgresServer) NewDatabase(t testing.TB, name string) string {
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
-	return strings.Replace(s.URL, "/postgres?", "/"+name+"?", 1)
+	u, err := url.Parse(s.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	return u.String()
 }
 
 func (s *PostgresServer) pgCtl(t testing.TB, args ...string) {
