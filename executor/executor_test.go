@@ -17,9 +17,9 @@ import (
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/executor"
 	"github.com/effectline/effectline/internal/kafka"
-	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/internal/testenv"
-	"github.com/effectline/effectline/internal/tool"
+	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/tool"
 )
 
 // env is one test's world: a fresh database, an embedded broker, a fake

@@ -11,9 +11,9 @@ import (
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/metrics"
-	"github.com/effectline/effectline/internal/policy"
-	"github.com/effectline/effectline/internal/store"
-	"github.com/effectline/effectline/internal/tool"
+	"github.com/effectline/effectline/policy"
+	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/tool"
 )
 
 // runAttempt calls the tool for the claimed attempt of op and journals the

@@ -11,7 +11,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/metrics"
-	"github.com/effectline/effectline/internal/tool"
+	"github.com/effectline/effectline/tool"
 )
 
 const instrumentation = "github.com/effectline/effectline/executor"

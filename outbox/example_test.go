@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/outbox"
+	"github.com/effectline/effectline/store"
 )
 
 // An agent service places an order in three steps: reserve the stock,

@@ -17,9 +17,9 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
-	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/internal/testenv"
 	"github.com/effectline/effectline/outbox"
+	"github.com/effectline/effectline/store"
 )
 
 // harness is a migrated database and a broker with effectline's topics.

@@ -18,7 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/internal/kafka"
-	"github.com/effectline/effectline/internal/store"
+	"github.com/effectline/effectline/store"
 )
 
 // Publisher sends records to Kafka and returns once the brokers have

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/outbox"
+	"github.com/effectline/effectline/store"
 )
 
 // BenchmarkRelayThroughput measures how fast one relay drains a pre-filled

@@ -13,9 +13,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/effectline/effectline/internal/kafka"
-	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/internal/testenv"
 	"github.com/effectline/effectline/outbox"
+	"github.com/effectline/effectline/store"
 )
 
 // TestRelayRepublishesWhenTheMarkIsLost: the relay dies between Kafka's

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/store"
+	"github.com/effectline/effectline/store"
 )
 
 // errStopped answers events submitted after the batcher stopped; the

@@ -11,8 +11,8 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
-	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/store"
 )
 
 // BenchmarkFlush measures one flush of a small batch, the shape the

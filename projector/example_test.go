@@ -9,8 +9,8 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
-	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/projector"
+	"github.com/effectline/effectline/store"
 )
 
 // A projector replica consumes effectline.outcomes into operation_state

@@ -19,9 +19,9 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
-	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/internal/testenv"
 	"github.com/effectline/effectline/projector"
+	"github.com/effectline/effectline/store"
 )
 
 // waitTimeout bounds every poll in these tests. Joining a consumer group is

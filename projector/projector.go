@@ -33,7 +33,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
-	"github.com/effectline/effectline/internal/store"
+	"github.com/effectline/effectline/store"
 )
 
 // DefaultGroup is the consumer group of the projector. Every replica joins

@@ -7,8 +7,8 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
-	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/projector"
+	"github.com/effectline/effectline/store"
 )
 
 // BenchmarkProjector measures events handled per second from Kafka into

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/projector"
+	"github.com/effectline/effectline/store"
 )
 
 const readerOps = 120

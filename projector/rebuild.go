@@ -7,7 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/store"
+	"github.com/effectline/effectline/store"
 )
 
 // Rebuild batch sizes: events read per query and rows written per statement.

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/store"
+	"github.com/effectline/effectline/store"
 )
 
 // This file holds every statement that writes operation_state and the one

@@ -15,7 +15,7 @@ import (
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/metrics"
-	"github.com/effectline/effectline/internal/store"
+	"github.com/effectline/effectline/store"
 )
 
 var (

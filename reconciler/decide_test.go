@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/reconciler"
+	"github.com/effectline/effectline/store"
 )
 
 // escalatedOp builds an operation the reconciler escalated after finding

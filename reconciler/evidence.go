@@ -5,7 +5,7 @@ import (
 	"regexp"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/tool"
+	"github.com/effectline/effectline/tool"
 )
 
 // anonymousSpec redacts by field name only, for an operation whose tool is

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/reconciler"
+	"github.com/effectline/effectline/store"
 )
 
 // The HTTP API's POST /v1/webhooks/{source}: 2xx only once Handle returned

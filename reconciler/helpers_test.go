@@ -25,10 +25,10 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
-	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/internal/testenv"
-	"github.com/effectline/effectline/internal/tool"
 	"github.com/effectline/effectline/reconciler"
+	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/tool"
 )
 
 // Tool names of the test registry, one per effect class, all served by one

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/tool"
+	"github.com/effectline/effectline/tool"
 )
 
 // Escalation reasons (EscalationData.Reason) the reconciler writes.

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/policy"
-	"github.com/effectline/effectline/internal/tool"
+	"github.com/effectline/effectline/policy"
+	"github.com/effectline/effectline/tool"
 )
 
 var t0 = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)

@@ -31,8 +31,8 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
-	"github.com/effectline/effectline/internal/store"
-	"github.com/effectline/effectline/internal/tool"
+	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/tool"
 )
 
 // Tools is what the reconciler needs of the tools registry.

@@ -11,8 +11,8 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
-	"github.com/effectline/effectline/internal/policy"
-	"github.com/effectline/effectline/internal/store"
+	"github.com/effectline/effectline/policy"
+	"github.com/effectline/effectline/store"
 )
 
 // Leader election (STYLE 13): one sweeper at a time across replicas.

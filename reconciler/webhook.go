@@ -21,8 +21,8 @@ import (
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/metrics"
-	"github.com/effectline/effectline/internal/store"
-	"github.com/effectline/effectline/internal/tool"
+	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/tool"
 )
 
 var (

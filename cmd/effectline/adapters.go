@@ -10,25 +10,25 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/effectline/effectline/api"
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/httpapi"
-	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/projector"
 	"github.com/effectline/effectline/reconciler"
+	"github.com/effectline/effectline/store"
 )
 
 // operationsFrom serves the API's operation list from the projector's read
 // model. The API declares what it needs; cmd joins the two.
-func operationsFrom(r *projector.Reader) httpapi.OperationsFunc {
-	return func(ctx context.Context, f httpapi.ListFilter) (httpapi.ListPage, error) {
+func operationsFrom(r *projector.Reader) api.OperationsFunc {
+	return func(ctx context.Context, f api.ListFilter) (api.ListPage, error) {
 		page, err := r.List(ctx, projector.Filter{Status: f.Status, Tool: f.Tool, Limit: f.Limit, Cursor: f.Cursor})
 		if err != nil {
 			if projector.IsInvalidFilter(err) {
-				return httpapi.ListPage{}, fmt.Errorf("%w: %w", httpapi.ErrInvalidCursor, err)
+				return api.ListPage{}, fmt.Errorf("%w: %w", api.ErrInvalidCursor, err)
 			}
-			return httpapi.ListPage{}, err
+			return api.ListPage{}, err
 		}
-		out := httpapi.ListPage{NextCursor: page.NextCursor, Items: make([]events.Operation, len(page.Items))}
+		out := api.ListPage{NextCursor: page.NextCursor, Items: make([]events.Operation, len(page.Items))}
 		for i, s := range page.Items {
 			out.Items[i] = events.Operation{
 				Key: s.OperationKey, Tool: s.Tool, EffectClass: s.EffectClass, PayloadHash: s.PayloadHash,
@@ -56,9 +56,9 @@ func (d decider) Decide(ctx context.Context, key string, action events.Action, n
 		reconciler.WithTopicPrefix(d.prefix), reconciler.WithTelemetry(d.tp, d.mp))
 	switch {
 	case errors.Is(err, reconciler.ErrNotWaiting):
-		err = fmt.Errorf("%w: %w", httpapi.ErrNotWaiting, err)
+		err = fmt.Errorf("%w: %w", api.ErrNotWaiting, err)
 	case errors.Is(err, reconciler.ErrInvalidDecision):
-		err = fmt.Errorf("%w: %w", httpapi.ErrInvalidDecision, err)
+		err = fmt.Errorf("%w: %w", api.ErrInvalidDecision, err)
 	}
 	return op, err
 }
@@ -66,21 +66,21 @@ func (d decider) Decide(ctx context.Context, key string, action events.Action, n
 // webhookAdapter applies inbound callbacks through the reconciler.
 type webhookAdapter struct{ w *reconciler.Webhooks }
 
-func (a webhookAdapter) Handle(ctx context.Context, source string, h http.Header, body []byte, now time.Time) (httpapi.WebhookOutcome, error) {
+func (a webhookAdapter) Handle(ctx context.Context, source string, h http.Header, body []byte, now time.Time) (api.WebhookOutcome, error) {
 	res, err := a.w.Handle(ctx, source, h, body, now)
 	if err != nil {
 		for _, m := range [...]struct{ from, to error }{
-			{reconciler.ErrUnknownSource, httpapi.ErrUnknownSource},
-			{reconciler.ErrBadSignature, httpapi.ErrBadSignature},
-			{reconciler.ErrStaleTimestamp, httpapi.ErrStaleTimestamp},
-			{reconciler.ErrInvalidPayload, httpapi.ErrInvalidPayload},
+			{reconciler.ErrUnknownSource, api.ErrUnknownSource},
+			{reconciler.ErrBadSignature, api.ErrBadSignature},
+			{reconciler.ErrStaleTimestamp, api.ErrStaleTimestamp},
+			{reconciler.ErrInvalidPayload, api.ErrInvalidPayload},
 		} {
 			if errors.Is(err, m.from) {
-				return httpapi.WebhookOutcome{}, fmt.Errorf("%w: %w", m.to, err)
+				return api.WebhookOutcome{}, fmt.Errorf("%w: %w", m.to, err)
 			}
 		}
-		return httpapi.WebhookOutcome{}, err
+		return api.WebhookOutcome{}, err
 	}
-	return httpapi.WebhookOutcome{Duplicate: res.Duplicate, Applied: res.Applied,
+	return api.WebhookOutcome{Duplicate: res.Duplicate, Applied: res.Applied,
 		OperationKey: res.OperationKey, Status: res.Status, Ignored: res.Ignored}, nil
 }

@@ -15,16 +15,16 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/effectline/effectline/api"
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/executor"
-	"github.com/effectline/effectline/internal/httpapi"
 	"github.com/effectline/effectline/internal/kafka"
-	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/internal/telemetry"
-	"github.com/effectline/effectline/internal/tool"
 	"github.com/effectline/effectline/outbox"
 	"github.com/effectline/effectline/projector"
 	"github.com/effectline/effectline/reconciler"
+	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/tool"
 )
 
 // app is one effectline process: the shared plumbing (database pool, group
@@ -40,11 +40,11 @@ type app struct {
 	kafka     kafka.Config
 	// open is dev mode without tokens: every request is the principal dev.
 	open bool
-	// apiDrain is the API's httpapi.Config.ShutdownDelay (see
+	// apiDrain is the API's api.Config.ShutdownDelay (see
 	// apiShutdownDelay).
 	apiDrain time.Duration
 
-	api    *httpapi.Server
+	apiSrv *api.Server
 	health *http.Server
 	ln     net.Listener
 }
@@ -215,12 +215,12 @@ func (a *app) build(names []string) ([]component, error) {
 			}
 			out = append(out, component{name, r.Run})
 		case componentAPI:
-			api, err := a.buildAPI()
+			srv, err := a.buildAPI()
 			if err != nil {
 				return nil, err
 			}
-			a.api = api
-			out = append(out, component{name, api.Run})
+			a.apiSrv = srv
+			out = append(out, component{name, srv.Run})
 		}
 	}
 	if groups := consumerGroups(a.kafka, names); len(groups) > 0 {
@@ -252,8 +252,8 @@ func consumerGroups(k kafka.Config, names []string) []kafka.GroupTopic {
 	return out
 }
 
-func (a *app) buildAPI() (*httpapi.Server, error) {
-	tokens, err := httpapi.ParseTokens(a.cfg.APITokens)
+func (a *app) buildAPI() (*api.Server, error) {
+	tokens, err := api.ParseTokens(a.cfg.APITokens)
 	if err != nil {
 		return nil, err
 	}
@@ -266,16 +266,16 @@ func (a *app) buildAPI() (*httpapi.Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv, err := httpapi.New(httpapi.Config{
+	srv, err := api.New(api.Config{
 		Addr: a.cfg.HTTPAddr, Tokens: tokens, Approvers: approvers,
 		Open: a.open || (a.cfg.InsecureOpen && len(tokens) == 0), TopicPrefix: a.kafka.TopicPrefix,
 		Logger: a.log, TracerProvider: a.tel.TracerProvider(), MeterProvider: a.tel.MeterProvider(),
 		// /readyz answers 503 during the delay, so traffic drains first.
 		ShutdownDelay: a.apiDrain,
-	}, httpapi.Deps{
+	}, api.Deps{
 		Store:      a.store,
 		Committer:  a.committer,
-		Tools:      httpapi.RegistryTools(a.tools),
+		Tools:      api.RegistryTools(a.tools),
 		Operations: operationsFrom(reader),
 		Metrics:    a.tel.MetricsHandler(),
 		Decider: decider{store: a.store, prefix: a.kafka.TopicPrefix,
@@ -299,7 +299,7 @@ func (a *app) runAll(ctx context.Context, comps []component) error {
 	committerDone := make(chan error, 1)
 	go func() { committerDone <- a.committer.Run(commitCtx) }()
 
-	if a.api == nil && a.cfg.HTTPAddrSet && a.healthServer() != nil {
+	if a.apiSrv == nil && a.cfg.HTTPAddrSet && a.healthServer() != nil {
 		comps = append(comps, component{"health", a.serveHealth})
 	}
 
@@ -322,8 +322,8 @@ func (a *app) runAll(ctx context.Context, comps []component) error {
 	case first = <-errs:
 		a.log.Error("a component failed, shutting down", "error", first)
 	}
-	if a.api != nil {
-		a.api.SetUnready()
+	if a.apiSrv != nil {
+		a.apiSrv.SetUnready()
 	}
 	stopComps()
 	wg.Wait()
@@ -394,7 +394,7 @@ func runComponents(ctx context.Context, args []string, getenv func(string) strin
 		return fmt.Errorf("%s is required: the Kafka bootstrap brokers, e.g. kafka-1:9092,kafka-2:9092", envKafkaBrokers)
 	}
 	if contains(names, componentAPI) && cfg.APITokens == "" && !cfg.InsecureOpen {
-		return httpapi.ErrNoTokens
+		return api.ErrNoTokens
 	}
 	a, err := newApp(ctx, appOptions{cfg: cfg, stdout: stdout, getenv: getenv, components: names, service: "effectline",
 		apiDrain: min(apiShutdownDelay, cfg.ShutdownGrace)})

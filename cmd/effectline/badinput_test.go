@@ -24,8 +24,8 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
-	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/store"
 )
 
 // badInputTools is the tools file of the bad-input tests: an idempotent

@@ -22,8 +22,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/tool"
 	"github.com/effectline/effectline/outbox"
+	"github.com/effectline/effectline/tool"
 )
 
 // benchConfig is the load of one `effectline bench` run.
@@ -131,8 +131,8 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		a.close(ctx)
 		return err
 	}
-	if a.api != nil {
-		bc.apiBase = "http://" + a.api.Addr()
+	if a.apiSrv != nil {
+		bc.apiBase = "http://" + a.apiSrv.Addr()
 		bc.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	}
 	runCtx, stop := context.WithCancel(ctx)

@@ -7,8 +7,8 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/projector"
+	"github.com/effectline/effectline/store"
 )
 
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {

@@ -15,9 +15,9 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/executor"
-	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/internal/testenv"
 	"github.com/effectline/effectline/outbox"
+	"github.com/effectline/effectline/store"
 )
 
 var crashTrials = flag.Int("crash.trials", 2, "trials per cell of the crash matrix (the long form uses 10 or more)")

@@ -9,8 +9,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/effectline/effectline/internal/demo"
-	"github.com/effectline/effectline/internal/tool"
+	"github.com/effectline/effectline/cmd/effectline/demo"
+	"github.com/effectline/effectline/tool"
 )
 
 // runDev is `effectline dev`: every component in one process, on an embedded
@@ -79,7 +79,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 		return err
 	}
 
-	base := "http://" + a.api.Addr()
+	base := "http://" + a.apiSrv.Addr()
 	fmt.Fprintf(stdout, "effectline dev %s\n", version)
 	fmt.Fprintf(stdout, "  API       %s/v1/  (OpenAPI: %s/v1/openapi.json)\n", base, base)
 	if open {

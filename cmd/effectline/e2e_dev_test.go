@@ -19,9 +19,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/store"
 	"github.com/effectline/effectline/internal/testenv"
 	"github.com/effectline/effectline/outbox"
+	"github.com/effectline/effectline/store"
 )
 
 // These tests run the built binary the way a newcomer and an operator do:

@@ -1,0 +1,262 @@
+package api
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/reconciler"
+	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/tool"
+)
+
+// The approval tests run the real reconciler behind the API, through the
+// adapters below: they are the wiring cmd does (api declares Decider
+// and WebhookHandler and never imports the reconciler).
+
+// reconcilerDecider adapts reconciler.Decide to Decider, mapping the
+// reconciler's refusals to this package's sentinels.
+type reconcilerDecider struct {
+	st   *store.Store
+	opts []reconciler.DecideOption
+}
+
+func (d reconcilerDecider) Decide(ctx context.Context, key string, action events.Action, note, approver string) (events.Operation, error) {
+	op, err := reconciler.Decide(ctx, d.st, key, action, note, approver, time.Now(), d.opts...)
+	switch {
+	case errors.Is(err, reconciler.ErrNotWaiting):
+		err = fmt.Errorf("%w: %w", ErrNotWaiting, err)
+	case errors.Is(err, reconciler.ErrInvalidDecision):
+		err = fmt.Errorf("%w: %w", ErrInvalidDecision, err)
+	}
+	return op, err
+}
+
+// reconcilerWebhooks adapts *reconciler.Webhooks to WebhookHandler.
+type reconcilerWebhooks struct{ w *reconciler.Webhooks }
+
+func (a reconcilerWebhooks) Handle(ctx context.Context, source string, h http.Header, body []byte, now time.Time) (WebhookOutcome, error) {
+	res, err := a.w.Handle(ctx, source, h, body, now)
+	if err != nil {
+		for _, m := range [...]struct{ from, to error }{
+			{reconciler.ErrUnknownSource, ErrUnknownSource},
+			{reconciler.ErrBadSignature, ErrBadSignature},
+			{reconciler.ErrStaleTimestamp, ErrStaleTimestamp},
+			{reconciler.ErrInvalidPayload, ErrInvalidPayload},
+		} {
+			if errors.Is(err, m.from) {
+				return WebhookOutcome{}, fmt.Errorf("%w: %w", m.to, err)
+			}
+		}
+		return WebhookOutcome{}, err
+	}
+	return WebhookOutcome{Duplicate: res.Duplicate, Applied: res.Applied, OperationKey: res.OperationKey,
+		Status: res.Status, Ignored: res.Ignored}, nil
+}
+
+// approvalToolsFile is a tools file whose charge and reserve tools sign
+// (and so accept callbacks). card_number is secret by its name, cvv by its
+// schema (writeOnly).
+const approvalToolsFile = `
+tools:
+  - name: payments.charge
+    effect: irreversible
+    invoke: {method: POST, url: "http://127.0.0.1:9/charges", timeout: 2s}
+    reconcile: {method: GET, url: "http://127.0.0.1:9/charges?idempotency_key={{.Key}}"}
+    signing_secret_env: CHARGE_SECRET
+    args_schema:
+      type: object
+      required: [amount, currency]
+      properties:
+        amount: {type: integer, minimum: 1}
+        currency: {type: string, enum: [EUR, USD]}
+        card_number: {type: string}
+        cvv: {type: string, writeOnly: true}
+        memo: {type: string}
+  - name: inventory.reserve
+    effect: compensable
+    invoke:     {method: POST, url: "http://127.0.0.1:9/reservations", timeout: 2s}
+    compensate: {method: POST, url: "http://127.0.0.1:9/reservations/release"}
+    signing_secret_env: RESERVE_SECRET
+  - name: tickets.set
+    effect: idempotent
+    invoke: {method: POST, url: "http://127.0.0.1:9/tickets", timeout: 2s}
+`
+
+// Secrets of the test args: none may reach a response or a page.
+const (
+	secretCard = "4111111111111111"
+	secretCVV  = "7373"
+)
+
+var secretArgs = fmt.Sprintf(`{"amount": 500, "currency": "EUR", "card_number": %q, "cvv": %q, "memo": "gift"}`, secretCard, secretCVV)
+
+// approval is the real reconciler's side of a fixture.
+type approval struct {
+	reg    *tool.Registry
+	secret string // payments.charge's signing secret
+}
+
+func newApproval(t testing.TB) *approval {
+	t.Helper()
+	secrets := map[string]string{"CHARGE_SECRET": newWebhookSecret(t), "RESERVE_SECRET": newWebhookSecret(t)}
+	reg, err := tool.Parse([]byte(approvalToolsFile), func(k string) string { return secrets[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &approval{reg: reg, secret: secrets["CHARGE_SECRET"]}
+}
+
+// option wires the reconciler's decisions and webhooks, the signing tools,
+// and a queue read from the event store's head table (the read model's
+// projector is not running in these tests).
+func (a *approval) option(t testing.TB) option {
+	return func(_ *Config, d *Deps) {
+		hooks, err := reconciler.NewWebhooks(d.Store, a.reg, reconciler.WebhookConfig{Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Tools = RegistryTools(a.reg)
+		d.Operations = headOperations(d.Store)
+		d.Decider = reconcilerDecider{st: d.Store}
+		d.Webhooks = reconcilerWebhooks{w: hooks}
+	}
+}
+
+// setupApproval is setup with the approval wiring.
+func setupApproval(t *testing.T, opts ...option) (*fixture, *approval) {
+	t.Helper()
+	a := newApproval(t)
+	return setup(t, append([]option{a.option(t)}, opts...)...), a
+}
+
+func openMode(c *Config, _ *Deps) { c.Open = true }
+
+func newWebhookSecret(t testing.TB) string {
+	t.Helper()
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return "whsec_" + base64.StdEncoding.EncodeToString(b)
+}
+
+// headOperations lists operations by status from the event store's head
+// table, newest first: the read model as it is once the projector caught
+// up.
+func headOperations(st *store.Store) Operations {
+	return OperationsFunc(func(ctx context.Context, f ListFilter) (ListPage, error) {
+		rows, err := st.Pool().Query(ctx, `SELECT record FROM operations
+			WHERE $1 = '' OR status = $1 ORDER BY updated_at DESC LIMIT $2`, string(f.Status), f.Limit)
+		if err != nil {
+			return ListPage{}, err
+		}
+		records, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+		if err != nil {
+			return ListPage{}, err
+		}
+		var page ListPage
+		for _, r := range records {
+			var op events.Operation
+			if err := json.Unmarshal(r, &op); err != nil {
+				return ListPage{}, err
+			}
+			page.Items = append(page.Items, op)
+		}
+		return page, nil
+	})
+}
+
+// journal appends events to key as the executor and reconciler would,
+// numbering them after base (zero for a new operation).
+func journal(t testing.TB, st *store.Store, base events.Operation, key, toolName string, class events.EffectClass, evs ...ev) events.Operation {
+	t.Helper()
+	now := time.Now()
+	envs := make([]events.Envelope, len(evs))
+	for i, e := range evs {
+		env, err := events.New(e.typ, key, base.Seq+int64(i)+1, toolName, class, e.attempt, e.data, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		envs[i] = env
+	}
+	op, err := st.Append(context.Background(), store.Append{Base: base, Events: envs, TopicPrefix: "effectline."})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return op
+}
+
+type ev struct {
+	typ     events.Type
+	attempt int
+	data    any
+}
+
+// inProgress journals an intent and its first attempt, still running.
+func inProgress(t testing.TB, st *store.Store, key, toolName string, class events.EffectClass, args string) events.Operation {
+	t.Helper()
+	return journal(t, st, events.Operation{}, key, toolName, class,
+		ev{events.IntentRecorded, 0, events.IntentData{Args: json.RawMessage(args), Principal: "billing-agent"}},
+		ev{events.AttemptStarted, 1, events.AttemptStartedData{DownstreamKey: key, Worker: "test-worker",
+			LeaseUntil: time.Now().Add(time.Minute)}})
+}
+
+// escalated journals what the reconciler leaves after an attempt whose
+// outcome was unknown and whose effect the downstream showed absent:
+// intent → attempt.started → attempt.unknown{next: reconcile} →
+// reconciliation.resolved{found: false} + operation.escalated. The
+// escalation's request holds the raw args on purpose: the UI must redact
+// whatever it is given.
+func escalated(t testing.TB, st *store.Store, key, toolName string, class events.EffectClass, args string) events.Operation {
+	t.Helper()
+	op := inProgress(t, st, key, toolName, class, args)
+	return journal(t, st, op, key, toolName, class,
+		ev{events.AttemptUnknown, 1, events.AttemptUnknownData{ErrorClass: "timeout_after_send", Next: events.NextReconcile}},
+		ev{events.ReconciliationResolved, 0, events.ReconciliationResolvedData{Found: false, Source: "reconcile"}},
+		ev{events.OperationEscalated, 0, events.EscalationData{
+			Reason: "absent_downstream", Request: json.RawMessage(args),
+			Downstream:     json.RawMessage(`{"status_code": 404, "body": {"error": "no charge for this key"}}`),
+			ProposedAction: events.ActionRetry, Detail: "the PSP has no charge under the idempotency key",
+		}})
+}
+
+// lastDecision returns the data of key's last decision.recorded.
+func lastDecision(t testing.TB, st *store.Store, key string) events.DecisionData {
+	t.Helper()
+	stored, err := st.Events(context.Background(), key, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := len(stored) - 1; i >= 0; i-- {
+		if stored[i].Type != events.DecisionRecorded {
+			continue
+		}
+		d, err := stored[i].DecodeData()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return *d.(*events.DecisionData)
+	}
+	t.Fatalf("%s has no decision", key)
+	return events.DecisionData{}
+}
+
+func load(t testing.TB, st *store.Store, key string) events.Operation {
+	t.Helper()
+	op, err := st.Load(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return op
+}
