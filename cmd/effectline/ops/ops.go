@@ -219,6 +219,9 @@ func (e env) list(ctx context.Context, args []string) error {
 		}
 		cursor = page.NextCursor
 	}
+	if *limit > 0 && len(items) > *limit {
+		items = items[:*limit]
+	}
 	if e.json {
 		if items == nil {
 			items = []json.RawMessage{}
