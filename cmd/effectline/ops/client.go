@@ -31,8 +31,12 @@ const requestTimeout = 30 * time.Second
 
 func newClient(rawURL, token string) (*client, error) {
 	u, err := url.Parse(strings.TrimRight(rawURL, "/"))
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("%s=%q: want a URL like %s", EnvAPIURL, rawURL, DefaultAPIURL)
+	if err != nil {
+		// The value is not shown: it may hold credentials.
+		return nil, fmt.Errorf("%s is not a URL (want one like %s)", EnvAPIURL, DefaultAPIURL)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("%s=%q: want a URL like %s", EnvAPIURL, u.Redacted(), DefaultAPIURL)
 	}
 	return &client{base: u, token: token, hc: &http.Client{Timeout: requestTimeout}}, nil
 }
@@ -138,7 +142,7 @@ func (c *client) do(parent context.Context, method, path string, query url.Value
 			// Interrupted by the operator (Ctrl-C), not a server that is away.
 			return nil, parent.Err()
 		}
-		return nil, &UnreachableError{URL: c.base.String(), Err: err}
+		return nil, &UnreachableError{URL: c.base.Redacted(), Err: err}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 400 {

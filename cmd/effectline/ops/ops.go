@@ -417,7 +417,7 @@ func (e env) workflows(ctx context.Context, args []string) error {
 	b, err := c.get(ctx, "/v1/workflows", q)
 	if IsStatus(err, http.StatusNotFound) || IsStatus(err, http.StatusMethodNotAllowed) {
 		return fmt.Errorf("%w: %s answered GET /v1/workflows with 404; this server predates workflows, or runs without them",
-			ErrNoWorkflowAPI, c.base)
+			ErrNoWorkflowAPI, c.base.Redacted())
 	}
 	if err != nil {
 		return err

@@ -172,6 +172,12 @@ func TestUnreachableNamesTheVariable(t *testing.T) {
 	if !errors.As(err, &u) || !strings.Contains(err.Error(), EnvAPIURL) || !strings.Contains(err.Error(), url) {
 		t.Errorf("err = %v, want an UnreachableError naming %s and %s", err, EnvAPIURL, url)
 	}
+	// Credentials in the URL never reach the message.
+	env[EnvAPIURL] = strings.Replace(url, "http://", "http://ops:hunter2@", 1)
+	err = Run(context.Background(), []string{"list"}, func(k string) string { return env[k] }, io.Discard, io.Discard)
+	if err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Errorf("err = %v, want one without the URL's password", err)
+	}
 	env[EnvAPIURL] = "127.0.0.1:8080"
 	if err := Run(context.Background(), []string{"list"}, func(k string) string { return env[k] }, io.Discard, io.Discard); err == nil ||
 		!strings.Contains(err.Error(), EnvAPIURL) {
