@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/effectline/effectline/cmd/effectline/ops"
 )
 
 // Environment variables the binary reads (contract, DESIGN §7). Only cmd
@@ -41,6 +43,7 @@ var EnvVars = []string{
 	envDatabaseURL, envKafkaBrokers, envTools, envHTTPAddr, envAPITokens, envApprovers,
 	envTopicPrefix, envKafkaPartitions, envKafkaReplication, envLogLevel, envShutdownGrace,
 	envInsecureOpenAPI, envExecutorLease, envSweepInterval, envCommitWindow,
+	ops.EnvAPIURL, ops.EnvAPIToken, // read by `effectline ops`, the API's client
 }
 
 // Components that `effectline run --components` accepts.

@@ -14,6 +14,8 @@ import (
 	"runtime/debug"
 	"strings"
 	"syscall"
+
+	"github.com/effectline/effectline/cmd/effectline/ops"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -52,6 +54,7 @@ Usage:
   effectline projector rebuild                 rebuild the operation_state read model from the event store
   effectline bench [flags]                     drive intents through the whole pipeline and report
   effectline healthcheck [URL]                 exit 0 when URL (default the local /healthz) answers 2xx
+  effectline ops COMMAND                       the operator's tool: list, show, watch, decide, workflows, dlq
   effectline version
 
 Configuration is read from the environment: EFFECTLINE_DATABASE_URL, EFFECTLINE_KAFKA_BROKERS,
@@ -80,6 +83,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runBench(ctx, rest, getenv, stdout, stderr)
 	case "healthcheck":
 		return runHealthcheck(ctx, rest, getenv, stdout)
+	case "ops":
+		return ops.Run(ctx, rest, getenv, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "effectline", version)
 		return nil
