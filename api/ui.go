@@ -23,6 +23,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/tool"
 )
 
 // The approval UI (DESIGN §4, the approval gate): server-rendered pages
@@ -245,7 +246,7 @@ func (s *Server) uiQueue(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	var q uiQueueView
 	for _, st := range []events.Status{events.StatusEscalated, events.StatusNeedsReconciliation} {
-		page, err := s.operations.List(ctx, ListFilter{Status: st, Limit: uiQueueLimit})
+		page, err := s.operations.List(ctx, events.ListFilter{Status: st, Limit: uiQueueLimit})
 		if err != nil {
 			s.uiFailure(w, r, sess, "listing the operations waiting for a decision", "", err)
 			return
@@ -378,7 +379,7 @@ func (s *Server) uiOperation(w http.ResponseWriter, r *http.Request) {
 
 // eventView renders one event for the history. It goes through renderEvent,
 // the JSON API's redaction of events, so both show the same thing.
-func eventView(e events.Envelope, t Tool) (uiEvent, error) {
+func eventView(e events.Envelope, t tool.Tool) (uiEvent, error) {
 	raw, err := renderEvent(e, t)
 	if err != nil {
 		return uiEvent{}, err
