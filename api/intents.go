@@ -19,6 +19,7 @@ import (
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/tool"
 )
 
 // intentRequest is the body of POST /v1/intents. Pointers tell a missing
@@ -72,7 +73,7 @@ func (s *Server) postIntent(w http.ResponseWriter, r *http.Request) {
 		writeFieldError(w, http.StatusNotFound, codeUnknownTool, "tool", "no tool with this name is registered")
 		return
 	}
-	if err := t.Authorize(principal); err != nil {
+	if err := t.Spec().Authorize(principal); err != nil {
 		writeError(w, http.StatusForbidden, codeForbidden, "this principal may not use this tool")
 		return
 	}
@@ -80,8 +81,8 @@ func (s *Server) postIntent(w http.ResponseWriter, r *http.Request) {
 		writeFieldError(w, http.StatusBadRequest, codeInvalidArgs, "", "args must be a JSON object")
 		return
 	}
-	if err := t.ValidateArgs(req.Args); err != nil {
-		var ae *ArgsError
+	if err := t.Spec().ValidateArgs(req.Args); err != nil {
+		var ae *tool.ArgsError
 		if errors.As(err, &ae) {
 			writeFieldError(w, http.StatusBadRequest, codeInvalidArgs, ae.Field, scrubReason(ae.Reason, req.Args))
 			return
@@ -113,7 +114,7 @@ func (s *Server) postIntent(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("the args do not fit in one event (%d bytes at most)", events.MaxEnvelopeBytes))
 		return
 	}
-	effect := t.EffectClass()
+	effect := t.Spec().Effect
 	span.SetAttributes(attrEffectClass.String(string(effect)))
 
 	ev, err := events.New(events.IntentRecorded, key, 1, name, effect, 0,
@@ -161,7 +162,7 @@ func (s *Server) postIntent(w http.ResponseWriter, r *http.Request) {
 // answerExisting answers an intent whose key is taken. The insert lost to a
 // committed operation, so the head record is there to read; the answer
 // depends only on it, never on which request came first.
-func (s *Server) answerExisting(ctx context.Context, w http.ResponseWriter, t Tool, key, name, hash, principal string) {
+func (s *Server) answerExisting(ctx context.Context, w http.ResponseWriter, t tool.Tool, key, name, hash, principal string) {
 	op, err := s.store.Load(ctx, key)
 	if err != nil {
 		s.fail(ctx, w, "loading the existing operation", key, err)

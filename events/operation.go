@@ -24,7 +24,11 @@ const (
 const IntentPickupGrace = 15 * time.Second
 
 // Operation is the record of one intended business effect (DESIGN §3): the
-// fold of its events. The executor decides from it, the projector stores it.
+// fold of its events. It is the one shape of the record: the store keeps it
+// as the head of each operation, the projector's read model holds it, and
+// the HTTP API answers it (with args redacted), all under these JSON names.
+// The fields of the contract are always present, null or "" while not known
+// yet; the rest are omitted when empty.
 type Operation struct {
 	Key         string          `json:"operation_key"`
 	Tool        string          `json:"tool"`
@@ -36,18 +40,18 @@ type Operation struct {
 	Phase       Phase           `json:"phase"`
 	Attempt     int             `json:"attempt"`
 	LeaseOwner  string          `json:"lease_owner,omitempty"`
-	LeaseUntil  *time.Time      `json:"lease_until,omitempty"`
+	LeaseUntil  *time.Time      `json:"lease_until"`
 	// DueAt is when the executor must act next (a retry, a compensation, an
 	// intent nobody picked up). Nil when the executor has nothing to do.
 	DueAt         *time.Time      `json:"due_at,omitempty"`
-	Result        json.RawMessage `json:"result,omitempty"`
-	DownstreamID  string          `json:"downstream_id,omitempty"`
-	UndoRef       string          `json:"undo_ref,omitempty"`
+	Result        json.RawMessage `json:"result"`
+	DownstreamID  string          `json:"downstream_id"`
+	UndoRef       string          `json:"undo_ref"`
 	DownstreamKey string          `json:"downstream_key,omitempty"`
 	// Compensations counts undone attempts; it picks the next downstream key.
 	Compensations  int    `json:"compensations"`
 	Approved       bool   `json:"approved,omitempty"`
-	LastErrorClass string `json:"last_error_class,omitempty"`
+	LastErrorClass string `json:"last_error_class"`
 	// Evidence counts events that changed nothing but were kept: late
 	// outcomes of lost leases and rejected intents.
 	Evidence       int             `json:"evidence,omitempty"`
@@ -66,6 +70,21 @@ type Operation struct {
 // process's CPU spent on them.
 func MarshalOperation(op Operation) ([]byte, error) {
 	return marshal(op)
+}
+
+// UnmarshalOperation decodes a record MarshalOperation wrote. The record
+// always carries "result", null until the downstream answered; decoded by
+// json.Unmarshal alone that null would become the bytes "null" rather than
+// no result, which is what the fold holds.
+func UnmarshalOperation(b []byte) (Operation, error) {
+	var op Operation
+	if err := json.Unmarshal(b, &op); err != nil {
+		return Operation{}, err
+	}
+	if string(op.Result) == "null" {
+		op.Result = nil
+	}
+	return op, nil
 }
 
 // DownstreamKeyFor is the idempotency key sent downstream (DESIGN §5): the

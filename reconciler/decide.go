@@ -2,7 +2,6 @@ package reconciler
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 	"unicode/utf8"
@@ -18,17 +17,6 @@ import (
 	"github.com/effectline/effectline/store"
 )
 
-var (
-	// ErrNotWaiting: the operation is not waiting for a decision (it is
-	// running, settled, or was decided by someone else first). HTTP 409.
-	ErrNotWaiting = errors.New("operation is not waiting for a decision")
-	// ErrInvalidDecision: the decision cannot apply to this operation (an
-	// unknown action, compensate on a tool that cannot be undone or before
-	// any attempt, no approver). HTTP 400 for a malformed request, 409 when
-	// the operation's state is what forbids it.
-	ErrInvalidDecision = errors.New("invalid decision")
-)
-
 // NotWaitingError says which state the operation was in.
 type NotWaitingError struct {
 	OperationKey string
@@ -39,7 +27,7 @@ func (e *NotWaitingError) Error() string {
 	return fmt.Sprintf("operation %s is %s, not waiting for a decision", e.OperationKey, e.Status)
 }
 
-func (e *NotWaitingError) Unwrap() error { return ErrNotWaiting }
+func (e *NotWaitingError) Unwrap() error { return events.ErrNotWaiting }
 
 // InvalidDecisionError says why a decision was refused.
 type InvalidDecisionError struct {
@@ -52,7 +40,7 @@ func (e *InvalidDecisionError) Error() string {
 	return fmt.Sprintf("decision %q on operation %s: %s", e.Action, e.OperationKey, e.Reason)
 }
 
-func (e *InvalidDecisionError) Unwrap() error { return ErrInvalidDecision }
+func (e *InvalidDecisionError) Unwrap() error { return events.ErrInvalidDecision }
 
 // MaxNoteBytes caps a decision's note: it is journaled in an event and shown
 // in the approval UI.
@@ -79,6 +67,23 @@ func WithTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) DecideOptio
 	return func(o *decideOptions) { o.tp, o.mp = tp, mp }
 }
 
+// Decider is Decide bound to a store and its options, for callers that take
+// decisions through a method: it is the HTTP API's Decider as it is.
+type Decider struct {
+	store *store.Store
+	opts  []DecideOption
+}
+
+// NewDecider returns a Decider on st.
+func NewDecider(st *store.Store, opts ...DecideOption) *Decider {
+	return &Decider{store: st, opts: opts}
+}
+
+// Decide is the package's Decide at the current time.
+func (d *Decider) Decide(ctx context.Context, key string, action events.Action, note, approver string) (events.Operation, error) {
+	return Decide(ctx, d.store, key, action, note, approver, time.Now(), d.opts...)
+}
+
 // Decide records an approver's decision on an operation waiting for one
 // (escalated or needs_reconciliation) and returns the record it produced:
 //
@@ -89,9 +94,9 @@ func WithTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) DecideOptio
 //     then retries under a new downstream key within the caps;
 //   - abandon: failed.
 //
-// It refuses with a *NotWaitingError (errors.Is ErrNotWaiting) when the
+// It refuses with a *NotWaitingError (errors.Is events.ErrNotWaiting) when the
 // operation is not waiting, and with an *InvalidDecisionError (errors.Is
-// ErrInvalidDecision) for an unknown action, an empty approver, a note over
+// events.ErrInvalidDecision) for an unknown action, an empty approver, a note over
 // MaxNoteBytes, or compensate on a non-compensable effect or before any
 // attempt. An unknown key wraps store.ErrNotFound.
 //
@@ -99,7 +104,7 @@ func WithTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) DecideOptio
 // anything else wrote first — a webhook that settled the operation, a late
 // success, another approver — the append conflicts, Decide reloads and
 // checks again, so two approvers clicking at once record one decision and
-// the other gets ErrNotWaiting.
+// the other gets events.ErrNotWaiting.
 func Decide(ctx context.Context, st *store.Store, key string, action events.Action, note, approver string, now time.Time, opts ...DecideOption) (events.Operation, error) {
 	o := decideOptions{topicPrefix: kafka.DefaultTopicPrefix}
 	for _, opt := range opts {

@@ -258,7 +258,6 @@ func (a *app) buildAPI() (*api.Server, error) {
 		return nil, err
 	}
 	approvers := a.cfg.Approvers
-	reader := projector.NewReader(a.pool)
 	webhooks, err := reconciler.NewWebhooks(a.store, a.tools, reconciler.WebhookConfig{
 		TopicPrefix: a.kafka.TopicPrefix, Logger: a.log,
 		TracerProvider: a.tel.TracerProvider(), MeterProvider: a.tel.MeterProvider(),
@@ -275,12 +274,12 @@ func (a *app) buildAPI() (*api.Server, error) {
 	}, api.Deps{
 		Store:      a.store,
 		Committer:  a.committer,
-		Tools:      api.RegistryTools(a.tools),
-		Operations: operationsFrom(reader),
+		Tools:      a.tools,
+		Operations: projector.NewReader(a.pool),
 		Metrics:    a.tel.MetricsHandler(),
-		Decider: decider{store: a.store, prefix: a.kafka.TopicPrefix,
-			tp: a.tel.TracerProvider(), mp: a.tel.MeterProvider()},
-		Webhooks: webhookAdapter{w: webhooks},
+		Decider: reconciler.NewDecider(a.store, reconciler.WithTopicPrefix(a.kafka.TopicPrefix),
+			reconciler.WithTelemetry(a.tel.TracerProvider(), a.tel.MeterProvider())),
+		Webhooks: webhooks,
 	})
 	if err != nil {
 		return nil, err
