@@ -11,8 +11,6 @@ import (
 	"net/url"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -251,22 +249,11 @@ func scrubReason(reason string, args json.RawMessage) string {
 	return reason
 }
 
-// checkOperationKey returns why key is unacceptable, or "". Keys become
-// primary keys, Kafka message keys and URL path segments, so they must be
-// printable UTF-8 of bounded size.
+// checkOperationKey returns why key is unacceptable, or "": the one key
+// rule of events.CheckOperationKey, worded for the API's answers.
 func checkOperationKey(key string) string {
-	switch {
-	case key == "":
-		return "operation_key must not be empty"
-	case len(key) > events.MaxOperationKeyBytes:
-		return fmt.Sprintf("operation_key must be at most %d bytes", events.MaxOperationKeyBytes)
-	case !utf8.ValidString(key):
-		return "operation_key must be valid UTF-8"
-	}
-	for _, r := range key {
-		if unicode.IsControl(r) {
-			return "operation_key must not contain control characters"
-		}
+	if err := events.CheckOperationKey(key); err != nil {
+		return "operation_key: " + strings.TrimPrefix(err.Error(), events.ErrInvalidOperationKey.Error()+": ")
 	}
 	return ""
 }

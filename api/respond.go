@@ -101,6 +101,10 @@ func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) bool 
 		writeError(w, http.StatusBadRequest, codeInvalidJSON, "the body could not be read")
 		return false
 	}
+	if field, reason := strictBody(body); reason != "" {
+		writeFieldError(w, http.StatusBadRequest, codeInvalidJSON, field, reason)
+		return false
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 )
 
 // MaxEnvelopeBytes caps one encoded event. Tool args and results live inside
@@ -84,6 +85,12 @@ func Decode(b []byte) (Envelope, error) {
 // fastDecodeEnvelope leaves to it. It is a function of its own so that the
 // fast path's values do not escape to the heap with w.
 func decodeSlow(b []byte) (Envelope, error) {
+	// JSON text is UTF-8 (RFC 8259). encoding/json would turn invalid bytes
+	// into U+FFFD, so a key that is not UTF-8 would silently become another
+	// key; refused instead, as the key rule refuses it everywhere else.
+	if !utf8.Valid(b) {
+		return Envelope{}, invalid("", "not valid UTF-8")
+	}
 	var w wireEnvelope
 	if err := strictUnmarshal(b, &w); err != nil {
 		return Envelope{}, invalid("", "%v", err)
@@ -104,8 +111,11 @@ func (w wireEnvelope) validate(data json.RawMessage) (Envelope, error) {
 		return Envelope{}, invalid("type", "unknown type %q", *w.Type)
 	case w.OperationKey == nil || *w.OperationKey == "":
 		return Envelope{}, invalid("operation_key", "missing")
-	case len(*w.OperationKey) > MaxOperationKeyBytes:
-		return Envelope{}, invalid("operation_key", "longer than %d bytes", MaxOperationKeyBytes)
+	}
+	if err := CheckOperationKey(*w.OperationKey); err != nil {
+		return Envelope{}, invalid("operation_key", "%s", operationKeyReason(err))
+	}
+	switch {
 	case w.Seq == nil:
 		return Envelope{}, invalid("seq", "missing")
 	case *w.Seq < 1:
