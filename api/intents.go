@@ -165,6 +165,15 @@ func (s *Server) answerExisting(ctx context.Context, w http.ResponseWriter, t To
 		s.fail(ctx, w, "loading the existing operation", key, err)
 		return
 	}
+	if op.Principal != principal {
+		// Another principal's key: neither its record nor its result, nor
+		// whether its args match, is this caller's to learn.
+		s.tel.intent(ctx, name, "key_in_use")
+		s.log.WarnContext(ctx, "intent rejected: operation key in use by another principal",
+			slog.String("operation_key", key), slog.String("tool", name), slog.String("principal", principal))
+		writeError(w, http.StatusConflict, codeKeyInUse, "this operation_key is in use by another principal")
+		return
+	}
 	trace.SpanFromContext(ctx).SetAttributes(attrStatus.String(string(op.Status)))
 	if op.Tool != name || op.PayloadHash != hash {
 		s.tel.intent(ctx, name, "conflict")

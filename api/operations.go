@@ -25,6 +25,9 @@ type Operations interface {
 type ListFilter struct {
 	Status events.Status
 	Tool   string
+	// Principal, when set, keeps the operations that principal submitted.
+	// The server sets it for a caller that may read only its own.
+	Principal string
 	// Limit is between 1 and MaxListLimit.
 	Limit int
 	// Cursor is the NextCursor of the previous page, "" for the first.
@@ -92,15 +95,16 @@ type escalationBody struct {
 	Detail         string          `json:"detail,omitempty"`
 }
 
-// renderOperation returns op as a response record with its args redacted by
-// t (nil: the tool is gone, and the args are withheld whole).
+// renderOperation returns op as a response record, redacted by t (nil: the
+// tool is gone, and the args are withheld whole).
 func renderOperation(op events.Operation, t Tool) operationBody {
+	op = redactOperation(op, t)
 	b := summarizeOperation(op)
-	b.Args = redactArgs(t, op.Args)
+	b.Args = op.Args
 	if e := op.Escalation; e != nil {
 		b.Escalation = &escalationBody{
 			Reason:         e.Reason,
-			Request:        redactArgs(t, e.Request),
+			Request:        e.Request,
 			Downstream:     e.Downstream,
 			ProposedAction: e.ProposedAction,
 			Detail:         e.Detail,
@@ -134,31 +138,15 @@ func summarizeOperation(op events.Operation) operationBody {
 	return b
 }
 
-// renderEvent returns an event envelope as it may leave in a response: the
-// envelope of the contract, with the args of an intent and the request of an
-// escalation redacted.
-func renderEvent(e events.Envelope, t Tool) (json.RawMessage, error) {
-	d, err := e.DecodeData()
+// renderEvent returns an event envelope of the operation whose args are
+// args as it may leave in a response: the envelope of the contract, redacted
+// by redactEvent.
+func renderEvent(e events.Envelope, t Tool, args json.RawMessage) (json.RawMessage, error) {
+	red, err := redactEvent(e, t, args)
 	if err != nil {
 		return nil, err
 	}
-	var data any
-	switch d := d.(type) {
-	case *events.IntentData:
-		red := *d
-		red.Args = redactArgs(t, d.Args)
-		data = red
-	case *events.EscalationData:
-		red := *d
-		red.Request = redactArgs(t, d.Request)
-		data = red
-	}
-	if data != nil {
-		if e.Data, err = json.Marshal(data); err != nil {
-			return nil, err
-		}
-	}
-	return json.Marshal(e)
+	return json.Marshal(red)
 }
 
 // getOperation answers the head record and the history of one operation.
@@ -174,7 +162,7 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	op, err := s.store.Load(ctx, key)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, store.ErrNotFound) || err == nil && !s.mayRead(readerOf(ctx), op) {
 		writeError(w, http.StatusNotFound, codeNotFound, "no operation with this key")
 		return
 	}
@@ -196,7 +184,7 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
 		if e.Seq > op.Seq {
 			break
 		}
-		raw, err := renderEvent(e.Envelope, t)
+		raw, err := renderEvent(e.Envelope, t, op.Args)
 		if err != nil {
 			s.fail(ctx, w, "rendering the operation's events", key, err)
 			return
@@ -242,6 +230,12 @@ func (s *Server) listOperations(w http.ResponseWriter, r *http.Request) {
 		writeFieldError(w, http.StatusBadRequest, codeInvalidRequest, "cursor", "cursor is not one this server issued")
 		return
 	}
+	scope, ok := s.listScope(readerOf(ctx))
+	if !ok {
+		writeJSON(w, http.StatusOK, listBody{Items: []operationBody{}})
+		return
+	}
+	f.Principal = scope
 	page, err := s.operations.List(ctx, f)
 	if errors.Is(err, ErrInvalidCursor) {
 		writeFieldError(w, http.StatusBadRequest, codeInvalidRequest, "cursor", "cursor is not one this server issued")
@@ -259,7 +253,8 @@ func (s *Server) listOperations(w http.ResponseWriter, r *http.Request) {
 	}
 	body := listBody{Items: make([]operationBody, 0, len(page.Items)), NextCursor: page.NextCursor}
 	for _, op := range page.Items {
-		body.Items = append(body.Items, summarizeOperation(op))
+		t, _ := s.tools.Get(op.Tool)
+		body.Items = append(body.Items, summarizeOperation(redactOperation(op, t)))
 	}
 	writeJSON(w, http.StatusOK, body)
 }

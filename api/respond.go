@@ -24,6 +24,7 @@ const (
 	codeUnknownTool          = "unknown_tool"
 	codeMethodNotAllowed     = "method_not_allowed"
 	codePayloadConflict      = "payload_conflict"
+	codeKeyInUse             = "key_in_use"
 	codePayloadTooLarge      = "payload_too_large"
 	codeUnsupportedMediaType = "unsupported_media_type"
 	codeInternal             = "internal"

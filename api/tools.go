@@ -20,8 +20,10 @@ type Tool interface {
 	// reported as (or wrapping) an *ArgsError; any other error is the
 	// server's fault.
 	ValidateArgs(args json.RawMessage) error
-	// Redact returns args with secret values replaced, for responses.
-	Redact(args json.RawMessage) json.RawMessage
+	// Redact returns v (the args themselves, a result, evidence) with the
+	// values of sensitive fields replaced, and the sensitive values of args
+	// replaced wherever v echoes them (tool.Scrub).
+	Redact(args, v json.RawMessage) json.RawMessage
 }
 
 // Tools looks tools up by name.
@@ -77,7 +79,7 @@ func (t specTool) EffectClass() events.EffectClass { return t.spec.Effect }
 
 func (t specTool) Authorize(principal string) error { return t.spec.Authorize(principal) }
 
-func (t specTool) Redact(args json.RawMessage) json.RawMessage { return t.spec.Redact(args) }
+func (t specTool) Redact(args, v json.RawMessage) json.RawMessage { return tool.Scrub(t.spec, args, v) }
 
 func (t specTool) ValidateArgs(args json.RawMessage) error {
 	err := t.spec.ValidateArgs(args)
@@ -86,20 +88,4 @@ func (t specTool) ValidateArgs(args json.RawMessage) error {
 		return &ArgsError{Field: ae.Field, Reason: ae.Reason, Err: err}
 	}
 	return err
-}
-
-// redactedWhole stands for args that cannot be redacted field by field
-// because their tool is no longer registered: without its schema nothing
-// says which fields are secret, so none are shown.
-var redactedWhole = json.RawMessage(`"[redacted]"`)
-
-// redactArgs returns args as they may leave in a response.
-func redactArgs(t Tool, args json.RawMessage) json.RawMessage {
-	if len(args) == 0 {
-		return nil
-	}
-	if t == nil {
-		return redactedWhole
-	}
-	return t.Redact(args)
 }

@@ -244,8 +244,12 @@ func (s *Server) uiQueue(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	var q uiQueueView
+	scope, ok := s.listScope(sess.reader())
 	for _, st := range []events.Status{events.StatusEscalated, events.StatusNeedsReconciliation} {
-		page, err := s.operations.List(ctx, ListFilter{Status: st, Limit: uiQueueLimit})
+		if !ok {
+			break
+		}
+		page, err := s.operations.List(ctx, ListFilter{Status: st, Principal: scope, Limit: uiQueueLimit})
 		if err != nil {
 			s.uiFailure(w, r, sess, "listing the operations waiting for a decision", "", err)
 			return
@@ -319,7 +323,7 @@ func (s *Server) uiOperation(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	op, err := s.store.Load(ctx, key)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, store.ErrNotFound) || err == nil && !s.mayRead(sess.reader(), op) {
 		s.renderMessage(w, r, http.StatusNotFound, sess, "Not found", "There is no operation with this key.")
 		return
 	}
@@ -333,6 +337,8 @@ func (s *Server) uiOperation(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	t, _ := s.tools.Get(op.Tool)
+	args := op.Args
+	op = redactOperation(op, t)
 	v := uiOperationView{
 		Key: op.Key, Tool: op.Tool, EffectClass: string(op.EffectClass), Status: string(op.Status),
 		Phase: string(op.Phase), Principal: op.Principal, DownstreamKey: op.DownstreamKey,
@@ -340,10 +346,9 @@ func (s *Server) uiOperation(w http.ResponseWriter, r *http.Request) {
 		Created: stamp(op.CreatedAt), Updated: stamp(op.UpdatedAt), ToolMissing: t == nil,
 		Waiting: op.Status.AwaitingDecision(), Result: prettyJSON(op.Result),
 	}
-	// The request shown is the escalation's evidence when there is one (the
-	// reconciler stored it redacted) and the intent's args otherwise; both
-	// go through the tool's redaction here, which is idempotent, so nothing
-	// reaches the page unredacted whoever wrote it.
+	// The request shown is the escalation's evidence when there is one and
+	// the intent's args otherwise; op went through redactOperation above,
+	// like every record the API shows.
 	request := op.Args
 	var proposed events.Action
 	if e := op.Escalation; e != nil {
@@ -355,7 +360,7 @@ func (s *Server) uiOperation(w http.ResponseWriter, r *http.Request) {
 		}
 		proposed = e.ProposedAction
 	}
-	v.Request = prettyJSON(redactArgs(t, request))
+	v.Request = prettyJSON(request)
 	if v.Waiting {
 		v.Decide = decideForm(op, proposed, sess)
 	}
@@ -365,7 +370,7 @@ func (s *Server) uiOperation(w http.ResponseWriter, r *http.Request) {
 		if e.Seq > op.Seq {
 			break
 		}
-		ev, err := eventView(e.Envelope, t)
+		ev, err := eventView(e.Envelope, t, args)
 		if err != nil {
 			s.uiFailure(w, r, sess, "rendering the operation's events", key, err)
 			return
@@ -378,8 +383,8 @@ func (s *Server) uiOperation(w http.ResponseWriter, r *http.Request) {
 
 // eventView renders one event for the history. It goes through renderEvent,
 // the JSON API's redaction of events, so both show the same thing.
-func eventView(e events.Envelope, t Tool) (uiEvent, error) {
-	raw, err := renderEvent(e, t)
+func eventView(e events.Envelope, t Tool, args json.RawMessage) (uiEvent, error) {
+	raw, err := renderEvent(e, t, args)
 	if err != nil {
 		return uiEvent{}, err
 	}

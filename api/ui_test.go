@@ -394,7 +394,7 @@ func TestSafeNext(t *testing.T) {
 // A token may hold bytes a cookie value cannot; the session still works.
 func TestUILoginWithTokenOfAnyBytes(t *testing.T) {
 	t.Parallel()
-	const odd = `tok;"odd"\ä`
+	const odd = `tok;"odd"\ä-long-enough`
 	f, _ := setupApproval(t, func(c *Config, _ *Deps) {
 		c.Tokens[odd] = "ops"
 	})

@@ -33,6 +33,10 @@ func (e *Executor) runAttempt(ctx context.Context, span trace.Span, op events.Op
 	})
 	stop()
 	e.crashPoint(PointAfterResponse)
+	// The result is journaled, stored in the record and returned to every
+	// duplicate: a downstream that echoes the request (a charge answering
+	// with the card number) must not carry sensitive args into it.
+	res.Body = tool.Scrub(t.Spec(), op.Args, res.Body)
 	now := e.cfg.Now()
 	spec := outcomeSpec(op, res, t.Spec().Caps, now, e.cfg.Rand)
 	next := e.record(ctx, op, spec)
@@ -249,7 +253,7 @@ func requestEvidence(op events.Operation, t tool.Tool) json.RawMessage {
 		"operation_key": op.Key,
 		"tool":          op.Tool,
 		"principal":     op.Principal,
-		"args":          t.Spec().Redact(op.Args),
+		"args":          tool.Scrub(t.Spec(), op.Args, op.Args),
 	}
 	b, _ := json.Marshal(req)
 	return b

@@ -88,6 +88,9 @@ type Filter struct {
 	Status events.Status
 	// Tool, when set, keeps operations of that tool.
 	Tool string
+	// Principal, when set, keeps operations that principal submitted: the
+	// list of a principal that may read only its own.
+	Principal string
 	// Limit is the page size: DefaultLimit when zero, at most MaxLimit.
 	Limit int
 	// Cursor is the NextCursor of the previous page; empty for the first.
@@ -159,6 +162,9 @@ func (r *Reader) List(ctx context.Context, f Filter) (Page, error) {
 	}
 	if f.Tool != "" {
 		conds = append(conds, "tool = "+arg(f.Tool))
+	}
+	if f.Principal != "" {
+		conds = append(conds, "principal = "+arg(f.Principal))
 	}
 	if f.Cursor != "" {
 		c, err := decodeCursor(f.Cursor)

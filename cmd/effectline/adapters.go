@@ -21,7 +21,7 @@ import (
 // model. The API declares what it needs; cmd joins the two.
 func operationsFrom(r *projector.Reader) api.OperationsFunc {
 	return func(ctx context.Context, f api.ListFilter) (api.ListPage, error) {
-		page, err := r.List(ctx, projector.Filter{Status: f.Status, Tool: f.Tool, Limit: f.Limit, Cursor: f.Cursor})
+		page, err := r.List(ctx, projector.Filter{Status: f.Status, Tool: f.Tool, Principal: f.Principal, Limit: f.Limit, Cursor: f.Cursor})
 		if err != nil {
 			if projector.IsInvalidFilter(err) {
 				return api.ListPage{}, fmt.Errorf("%w: %w", api.ErrInvalidCursor, err)

@@ -267,7 +267,7 @@ func (a *app) buildAPI() (*api.Server, error) {
 		return nil, err
 	}
 	srv, err := api.New(api.Config{
-		Addr: a.cfg.HTTPAddr, Tokens: tokens, Approvers: approvers,
+		Addr: a.cfg.HTTPAddr, Tokens: tokens, Approvers: approvers, Readers: a.cfg.Readers,
 		Open: a.open || (a.cfg.InsecureOpen && len(tokens) == 0), TopicPrefix: a.kafka.TopicPrefix,
 		Logger: a.log, TracerProvider: a.tel.TracerProvider(), MeterProvider: a.tel.MeterProvider(),
 		// /readyz answers 503 during the delay, so traffic drains first.
