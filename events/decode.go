@@ -85,17 +85,19 @@ func Decode(b []byte) (Envelope, error) {
 // fastDecodeEnvelope leaves to it. It is a function of its own so that the
 // fast path's values do not escape to the heap with w.
 func decodeSlow(b []byte) (Envelope, error) {
-	// JSON text is UTF-8 (RFC 8259). encoding/json would turn invalid bytes
-	// into U+FFFD, so a key that is not UTF-8 would silently become another
-	// key; refused instead, as the key rule refuses it everywhere else.
-	if !utf8.Valid(b) {
-		return Envelope{}, invalid("", "not valid UTF-8")
-	}
 	var w wireEnvelope
 	if err := strictUnmarshal(b, &w); err != nil {
 		return Envelope{}, invalid("", "%v", err)
 	}
-	return w.validate(w.Data)
+	e, err := w.validate(w.Data)
+	// encoding/json turns bytes that are not UTF-8 into U+FFFD, so a key
+	// that is not UTF-8 would silently become another key: refused, as the
+	// key rule refuses it everywhere else. (The fast path never decodes
+	// such a key; it leaves the input to this one.)
+	if err == nil && !utf8.Valid(b) && strings.ContainsRune(e.OperationKey, utf8.RuneError) {
+		return Envelope{}, invalid("operation_key", "not valid UTF-8")
+	}
+	return e, err
 }
 
 // validate applies every rule of the contract to a parsed envelope whose
@@ -194,6 +196,9 @@ func validateData(d any, argsHash *string) error {
 		}
 		if d.Principal == "" {
 			return invalid("data.principal", "missing")
+		}
+		if d.PayloadHash != "" && !isPayloadHash(d.PayloadHash) {
+			return invalid("data.payload_hash", "must be 64 lowercase hex digits")
 		}
 		// An intent whose args cannot be hashed could never be folded.
 		s := canonGet(d.Args)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -144,6 +145,17 @@ func newApp(ctx context.Context, o appOptions) (*app, error) {
 	return a, nil
 }
 
+// redactArgs redacts an intent's args for the outcomes topic with the
+// tool's own marks; a tool this process does not know (a relay run without
+// EFFECTLINE_TOOLS) is redacted by field names only.
+func (a *app) redactArgs(name string, args json.RawMessage) json.RawMessage {
+	var spec *tool.Spec
+	if t, ok := a.tools.Get(name); ok && t != nil {
+		spec = t.Spec()
+	}
+	return tool.Scrub(spec, args, args)
+}
+
 func needsTools(components []string) bool {
 	for _, c := range components {
 		if c == componentExecutor || c == componentReconciler || c == componentAPI {
@@ -182,7 +194,8 @@ func (a *app) build(names []string) ([]component, error) {
 			if err != nil {
 				return nil, err
 			}
-			relay := outbox.NewRelay(a.store, producer, outbox.RelayConfig{Logger: a.log, TracerProvider: tp, MeterProvider: mp})
+			relay := outbox.NewRelay(a.store, producer, outbox.RelayConfig{Logger: a.log, TracerProvider: tp, MeterProvider: mp,
+				IntentsTopic: a.kafka.Topic(events.TopicIntents), RedactArgs: a.redactArgs})
 			out = append(out, component{name, func(ctx context.Context) error {
 				defer producer.Close()
 				return relay.Run(ctx)
