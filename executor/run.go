@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"regexp"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -266,11 +267,16 @@ func orDefault(s, d string) string {
 	return s
 }
 
+// queryString matches the query of a URL quoted in an error message: a URL
+// template may put args into the query, and net/http quotes the whole URL
+// in its errors, which are journaled as evidence.
+var queryString = regexp.MustCompile(`\?[^\s"']*`)
+
 func errText(err error) string {
 	if err == nil {
 		return ""
 	}
-	s := err.Error()
+	s := queryString.ReplaceAllString(err.Error(), "?…")
 	if len(s) > 500 {
 		s = s[:500]
 	}
