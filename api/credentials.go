@@ -12,6 +12,11 @@ import (
 // a target.
 const MinTokenLength = 16
 
+// CheckCredentials is what New checks of c's tokens and approvers, for a
+// caller that wants to refuse a bad configuration before doing anything
+// else (cmd checks it before connecting to Kafka).
+func (c Config) CheckCredentials() error { return checkCredentials(c) }
+
 // checkCredentials refuses tokens and approvers that would leave the API
 // weaker than it looks: a token short enough to guess, and an approver with
 // no token, whom nobody can sign in as, so escalations wait for a decision

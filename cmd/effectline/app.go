@@ -409,6 +409,17 @@ func runComponents(ctx context.Context, args []string, getenv func(string) strin
 	if contains(names, componentAPI) && cfg.APITokens == "" && !cfg.InsecureOpen {
 		return api.ErrNoTokens
 	}
+	if contains(names, componentAPI) {
+		// Weak credentials are refused before anything connects, with a
+		// message naming the principal (never the token).
+		tokens, err := api.ParseTokens(cfg.APITokens)
+		if err != nil {
+			return err
+		}
+		if err := (api.Config{Tokens: tokens, Approvers: cfg.Approvers, Open: cfg.InsecureOpen && len(tokens) == 0}).CheckCredentials(); err != nil {
+			return err
+		}
+	}
 	a, err := newApp(ctx, appOptions{cfg: cfg, stdout: stdout, getenv: getenv, components: names, service: "effectline",
 		apiDrain: min(apiShutdownDelay, cfg.ShutdownGrace)})
 	if err != nil {
