@@ -46,7 +46,7 @@ func strictBody(body []byte) (field, reason string) {
 	return "", ""
 }
 
-// loneSurrogate reports whether a JSON string literal holds a \uXXXX escape
+// loneSurrogate reports whether a JSON string literal holds a \u escape
 // of a surrogate that is not half of a pair.
 func loneSurrogate(lit []byte) bool {
 	for i := 0; i+5 < len(lit); i++ {
