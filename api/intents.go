@@ -11,8 +11,6 @@ import (
 	"net/url"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -168,6 +166,15 @@ func (s *Server) answerExisting(ctx context.Context, w http.ResponseWriter, t to
 		s.fail(ctx, w, "loading the existing operation", key, err)
 		return
 	}
+	if op.Principal != principal {
+		// Another principal's key: neither its record nor its result, nor
+		// whether its args match, is this caller's to learn.
+		s.tel.intent(ctx, name, "key_in_use")
+		s.log.WarnContext(ctx, "intent rejected: operation key in use by another principal",
+			slog.String("operation_key", key), slog.String("tool", name), slog.String("principal", principal))
+		writeError(w, http.StatusConflict, codeKeyInUse, "this operation_key is in use by another principal")
+		return
+	}
 	trace.SpanFromContext(ctx).SetAttributes(attrStatus.String(string(op.Status)))
 	if op.Tool != name || op.PayloadHash != hash {
 		s.tel.intent(ctx, name, "conflict")
@@ -252,22 +259,11 @@ func scrubReason(reason string, args json.RawMessage) string {
 	return reason
 }
 
-// checkOperationKey returns why key is unacceptable, or "". Keys become
-// primary keys, Kafka message keys and URL path segments, so they must be
-// printable UTF-8 of bounded size.
+// checkOperationKey returns why key is unacceptable, or "": the one key
+// rule of events.CheckOperationKey, worded for the API's answers.
 func checkOperationKey(key string) string {
-	switch {
-	case key == "":
-		return "operation_key must not be empty"
-	case len(key) > events.MaxOperationKeyBytes:
-		return fmt.Sprintf("operation_key must be at most %d bytes", events.MaxOperationKeyBytes)
-	case !utf8.ValidString(key):
-		return "operation_key must be valid UTF-8"
-	}
-	for _, r := range key {
-		if unicode.IsControl(r) {
-			return "operation_key must not contain control characters"
-		}
+	if err := events.CheckOperationKey(key); err != nil {
+		return "operation_key: " + strings.TrimPrefix(err.Error(), events.ErrInvalidOperationKey.Error()+": ")
 	}
 	return ""
 }

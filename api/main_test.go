@@ -108,7 +108,7 @@ func (d *openAPIDoc) documents(method, route, status string) bool {
 const (
 	billingToken = "tok-billing-3f9a"
 	supportToken = "tok-support-77c1"
-	opsToken     = "tok-ops-0b2e"
+	opsToken     = "tok-ops-0b2e-5d71"
 )
 
 // toolsFile is a tools file (DESIGN §6) for the tests. card_number is secret

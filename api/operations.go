@@ -45,18 +45,12 @@ type operationBody struct {
 	Events []json.RawMessage `json:"events,omitempty"`
 }
 
-// renderOperation returns op as a response record with its args redacted by
-// t (nil: the tool is gone, and the args are withheld whole). The lease is
-// shown as the fold left it: it clears the lease whenever no step runs, so
-// it is non-null exactly while an attempt or compensation holds it.
+// renderOperation returns op as a response record, redacted by t (nil: the
+// tool is gone, and the args are withheld whole). The lease is shown as the
+// fold left it: it clears the lease whenever no step runs, so it is non-null
+// exactly while an attempt or compensation holds it.
 func renderOperation(op events.Operation, t tool.Tool) operationBody {
-	op.Args = redactArgs(t, op.Args)
-	if e := op.Escalation; e != nil {
-		red := *e
-		red.Request = redactArgs(t, e.Request)
-		op.Escalation = &red
-	}
-	return operationBody{Operation: op}
+	return operationBody{Operation: redactOperation(op, t)}
 }
 
 // summarizeOperation is the record without args, escalation or history: a
@@ -66,31 +60,15 @@ func summarizeOperation(op events.Operation) events.Operation {
 	return op
 }
 
-// renderEvent returns an event envelope as it may leave in a response: the
-// envelope of the contract, with the args of an intent and the request of an
-// escalation redacted.
-func renderEvent(e events.Envelope, t tool.Tool) (json.RawMessage, error) {
-	d, err := e.DecodeData()
+// renderEvent returns an event envelope of the operation whose args are
+// args as it may leave in a response: the envelope of the contract, redacted
+// by redactEvent.
+func renderEvent(e events.Envelope, t tool.Tool, args json.RawMessage) (json.RawMessage, error) {
+	red, err := redactEvent(e, t, args)
 	if err != nil {
 		return nil, err
 	}
-	var data any
-	switch d := d.(type) {
-	case *events.IntentData:
-		red := *d
-		red.Args = redactArgs(t, d.Args)
-		data = red
-	case *events.EscalationData:
-		red := *d
-		red.Request = redactArgs(t, d.Request)
-		data = red
-	}
-	if data != nil {
-		if e.Data, err = json.Marshal(data); err != nil {
-			return nil, err
-		}
-	}
-	return json.Marshal(e)
+	return json.Marshal(red)
 }
 
 // getOperation answers the head record and the history of one operation.
@@ -106,7 +84,7 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	op, err := s.store.Load(ctx, key)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, store.ErrNotFound) || err == nil && !s.mayRead(readerOf(ctx), op) {
 		writeError(w, http.StatusNotFound, codeNotFound, "no operation with this key")
 		return
 	}
@@ -128,7 +106,7 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
 		if e.Seq > op.Seq {
 			break
 		}
-		raw, err := renderEvent(e.Envelope, t)
+		raw, err := renderEvent(e.Envelope, t, op.Args)
 		if err != nil {
 			s.fail(ctx, w, "rendering the operation's events", key, err)
 			return
@@ -174,6 +152,12 @@ func (s *Server) listOperations(w http.ResponseWriter, r *http.Request) {
 		writeFieldError(w, http.StatusBadRequest, codeInvalidRequest, "cursor", "cursor is not one this server issued")
 		return
 	}
+	scope, ok := s.listScope(readerOf(ctx))
+	if !ok {
+		writeJSON(w, http.StatusOK, listBody{Items: []events.Operation{}})
+		return
+	}
+	f.Principal = scope
 	page, err := s.operations.List(ctx, f)
 	if errors.Is(err, events.ErrInvalidFilter) {
 		// Status, limit and tool are checked above, so the cursor is what
@@ -193,7 +177,8 @@ func (s *Server) listOperations(w http.ResponseWriter, r *http.Request) {
 	}
 	body := listBody{Items: make([]events.Operation, 0, len(page.Items)), NextCursor: page.NextCursor}
 	for _, op := range page.Items {
-		body.Items = append(body.Items, summarizeOperation(op))
+		t, _ := s.tools.Get(op.Tool)
+		body.Items = append(body.Items, summarizeOperation(redactOperation(op, t)))
 	}
 	writeJSON(w, http.StatusOK, body)
 }

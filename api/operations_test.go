@@ -24,9 +24,10 @@ func TestGetOperationShowsRecordAndHistoryRedacted(t *testing.T) {
 	args := fmt.Sprintf(`{"amount": 500, "currency": "USD", "card_number": %q, "cvv": %q, "memo": "gift"}`, card, cvv)
 	wantStatus(t, f.post(t, billingToken, key, "payments.charge", args), http.StatusAccepted)
 
-	// Any authenticated principal can read it; the key is one path segment.
+	// Its owner reads it (TestReadsAreScopedByPrincipal has who else may);
+	// the key is one path segment.
 	path := "/v1/operations/" + url.PathEscape(key)
-	r := f.do(t, http.MethodGet, path, supportToken, "")
+	r := f.do(t, http.MethodGet, path, billingToken, "")
 	wantStatus(t, r, http.StatusOK)
 	var rec struct {
 		OperationKey string            `json:"operation_key"`
@@ -146,7 +147,8 @@ func TestListOperations(t *testing.T) {
 	f.ops.set(events.ListPage{}, nil)
 	r = f.do(t, http.MethodGet, "/v1/operations", billingToken, "")
 	wantStatus(t, r, http.StatusOK)
-	if got := f.ops.lastFilter(); got != (events.ListFilter{Limit: events.DefaultListLimit}) {
+	// A principal that reads only its own gets a list narrowed to it.
+	if got := f.ops.lastFilter(); got != (events.ListFilter{Limit: events.DefaultListLimit, Principal: "billing-agent"}) {
 		t.Fatalf("default filter = %+v", got)
 	}
 	if strings.TrimSpace(string(r.body)) != `{"items":[]}` {

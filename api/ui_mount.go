@@ -44,12 +44,20 @@ func (u uiServer) Refusal(err error, op events.Operation) (int, string) {
 	return d.status, d.detail
 }
 
-func (u uiServer) RedactArgs(t tool.Tool, args json.RawMessage) json.RawMessage {
-	return redactArgs(t, args)
+func (u uiServer) ListScope(name string, approver bool) (string, bool) {
+	return u.s.listScope(reader{name: name, approver: approver})
 }
 
-func (u uiServer) RenderEvent(e events.Envelope, t tool.Tool) (json.RawMessage, error) {
-	return renderEvent(e, t)
+func (u uiServer) MayRead(name string, approver bool, op events.Operation) bool {
+	return u.s.mayRead(reader{name: name, approver: approver}, op)
+}
+
+func (u uiServer) RedactOperation(op events.Operation, t tool.Tool) events.Operation {
+	return redactOperation(op, t)
+}
+
+func (u uiServer) RenderEvent(e events.Envelope, t tool.Tool, args json.RawMessage) (json.RawMessage, error) {
+	return renderEvent(e, t, args)
 }
 
 // tokenPrincipal returns the principal a token authenticates, comparing in

@@ -51,6 +51,9 @@ type ListFilter struct {
 	Status Status
 	// Tool, when set, keeps operations of that tool.
 	Tool string
+	// Principal, when set, keeps operations that principal submitted: the
+	// list of a principal that may read only its own.
+	Principal string
 	// Limit is the page size: DefaultListLimit when zero, at most
 	// MaxListLimit.
 	Limit int

@@ -357,6 +357,7 @@ func (d *IntentData) fastMarshal(w *fastWriter) {
 	w.b = make([]byte, 0, 32+len(d.Args)+len(d.Principal))
 	w.raw("args", d.Args)
 	w.str("principal", d.Principal)
+	w.strOmit("payload_hash", d.PayloadHash)
 }
 
 func (d *IntentRejectedData) fastMarshal(w *fastWriter) {

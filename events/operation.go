@@ -180,9 +180,17 @@ func Apply(op Operation, e Envelope) (Operation, error) {
 			return illegal("operation already exists")
 		}
 		due := at.Add(IntentPickupGrace)
+		args := d.Args
+		if d.PayloadHash != "" {
+			// A public copy: its args are redacted, so the record keeps the
+			// recorded args' hash and no args at all. It can neither pass
+			// the redacted values off as the request nor be executed (the
+			// executor refuses a record without args).
+			argsHash, args = d.PayloadHash, nil
+		}
 		next = Operation{
 			Key: e.OperationKey, Tool: e.Tool, EffectClass: e.EffectClass,
-			PayloadHash: argsHash, Principal: d.Principal, Args: d.Args,
+			PayloadHash: argsHash, Principal: d.Principal, Args: args,
 			Status: StatusPending, Phase: PhaseAttempt, DueAt: &due,
 			Seq: e.Seq, CreatedAt: at, UpdatedAt: at,
 		}

@@ -520,6 +520,8 @@ func (h *harness) assertMatchesReplay(key string) {
 	if err != nil {
 		h.t.Fatalf("replaying %s: %v", key, err)
 	}
+	// The read model holds no args (they reach it redacted, see rowsOf).
+	want.Args = nil
 	wantJSON, err := json.Marshal(want)
 	if err != nil {
 		h.t.Fatal(err)

@@ -83,6 +83,9 @@ func (r *Reader) List(ctx context.Context, f events.ListFilter) (events.ListPage
 	if f.Tool != "" {
 		conds = append(conds, "tool = "+arg(f.Tool))
 	}
+	if f.Principal != "" {
+		conds = append(conds, "principal = "+arg(f.Principal))
+	}
 	if f.Cursor != "" {
 		c, err := decodeCursor(f.Cursor)
 		if err != nil {

@@ -92,6 +92,11 @@ type rows struct {
 func rowsOf(ops []events.Operation) (*rows, error) {
 	r := &rows{}
 	for _, op := range ops {
+		// The read model holds no args: the outcomes topic carries them
+		// redacted and folds into a record without them (events.PublicIntent),
+		// and a record folded from the journal (a gap filled, a rebuild)
+		// must be the same row.
+		op.Args = nil
 		record, err := events.MarshalOperation(op)
 		if err != nil {
 			return nil, fmt.Errorf("encoding the record of %s: %w", op.Key, err)

@@ -264,7 +264,7 @@ func (w *Webhooks) apply(ctx context.Context, tx pgx.Tx, source string, t tool.T
 			res.Ignored = "not_pending"
 		default:
 			specs = []eventSpec{{typ: events.ReconciliationResolved, data: &events.ReconciliationResolvedData{
-				Found: true, Result: cb.Result, DownstreamID: firstNonEmpty(cb.DownstreamID, op.DownstreamID),
+				Found: true, Result: downstreamBody(op, t.Spec(), cb.Result), DownstreamID: firstNonEmpty(cb.DownstreamID, op.DownstreamID),
 				Source: SourceWebhookPrefix + source,
 			}}}
 		}

@@ -429,6 +429,9 @@ func (p *fileParser) build(id string, e *toolEntry) *HTTPTool {
 		Timeout:           t.invoke.timeout,
 		ArgsSchema:        schema,
 	}
+	for _, u := range urls {
+		t.spec.pathArgs = append(t.spec.pathArgs, u.ut.pathArgs...)
+	}
 	if err := t.spec.Prepare(); err != nil {
 		p.fail(id, "", "invalid", err)
 		return nil

@@ -42,12 +42,18 @@ type Server interface {
 	// Refusal is how the JSON API answers a failed Decide: its status code
 	// and the detail shown to the approver.
 	Refusal(err error, op events.Operation) (status int, detail string)
-	// RedactArgs returns args as they may be shown (t nil: the tool is
-	// gone and the args are withheld whole).
-	RedactArgs(t tool.Tool, args json.RawMessage) json.RawMessage
-	// RenderEvent returns an event as it may be shown, redacted like the
-	// JSON API's history.
-	RenderEvent(e events.Envelope, t tool.Tool) (json.RawMessage, error)
+	// ListScope is the principal a signed-in principal's lists are narrowed
+	// to, "" when it reads every operation; ok false: it may list nothing.
+	ListScope(principal string, approver bool) (scope string, ok bool)
+	// MayRead reports whether the principal may read op (the JSON API's
+	// rule: its own, or all for approvers and readers).
+	MayRead(principal string, approver bool, op events.Operation) bool
+	// RedactOperation returns op as it may be shown (t nil: the tool is
+	// gone and the args are withheld whole), as the JSON API shows it.
+	RedactOperation(op events.Operation, t tool.Tool) events.Operation
+	// RenderEvent returns an event of the operation whose args are args as
+	// it may be shown, redacted like the JSON API's history.
+	RenderEvent(e events.Envelope, t tool.Tool, args json.RawMessage) (json.RawMessage, error)
 }
 
 // Operations pages the read model; *projector.Reader is one.

@@ -90,7 +90,7 @@ var routes = func() *http.ServeMux {
 const (
 	billingToken = "tok-billing-3f9a"
 	supportToken = "tok-support-77c1"
-	opsToken     = "tok-ops-0b2e"
+	opsToken     = "tok-ops-0b2e-5d71"
 )
 
 // uiToolsFile is a tools file for the tests. card_number is secret by its

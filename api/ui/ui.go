@@ -245,8 +245,12 @@ func (s *UI) uiQueue(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	var q uiQueueView
+	scope, ok := s.server.ListScope(sess.Principal, sess.Approver)
 	for _, st := range []events.Status{events.StatusEscalated, events.StatusNeedsReconciliation} {
-		page, err := s.operations.List(ctx, events.ListFilter{Status: st, Limit: uiQueueLimit})
+		if !ok {
+			break
+		}
+		page, err := s.operations.List(ctx, events.ListFilter{Status: st, Principal: scope, Limit: uiQueueLimit})
 		if err != nil {
 			s.uiFailure(w, r, sess, "listing the operations waiting for a decision", "", err)
 			return
@@ -320,7 +324,7 @@ func (s *UI) uiOperation(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	op, err := s.store.Load(ctx, key)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, store.ErrNotFound) || err == nil && !s.server.MayRead(sess.Principal, sess.Approver, op) {
 		s.renderMessage(w, r, http.StatusNotFound, sess, "Not found", "There is no operation with this key.")
 		return
 	}
@@ -334,6 +338,8 @@ func (s *UI) uiOperation(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	t, _ := s.tools.Get(op.Tool)
+	args := op.Args
+	op = s.server.RedactOperation(op, t)
 	v := uiOperationView{
 		Key: op.Key, Tool: op.Tool, EffectClass: string(op.EffectClass), Status: string(op.Status),
 		Phase: string(op.Phase), Principal: op.Principal, DownstreamKey: op.DownstreamKey,
@@ -341,10 +347,9 @@ func (s *UI) uiOperation(w http.ResponseWriter, r *http.Request) {
 		Created: stamp(op.CreatedAt), Updated: stamp(op.UpdatedAt), ToolMissing: t == nil,
 		Waiting: op.Status.AwaitingDecision(), Result: prettyJSON(op.Result),
 	}
-	// The request shown is the escalation's evidence when there is one (the
-	// reconciler stored it redacted) and the intent's args otherwise; both
-	// go through the tool's redaction here, which is idempotent, so nothing
-	// reaches the page unredacted whoever wrote it.
+	// The request shown is the escalation's evidence when there is one and
+	// the intent's args otherwise; op went through redactOperation above,
+	// like every record the API shows.
 	request := op.Args
 	var proposed events.Action
 	if e := op.Escalation; e != nil {
@@ -356,7 +361,7 @@ func (s *UI) uiOperation(w http.ResponseWriter, r *http.Request) {
 		}
 		proposed = e.ProposedAction
 	}
-	v.Request = prettyJSON(s.server.RedactArgs(t, request))
+	v.Request = prettyJSON(request)
 	if v.Waiting {
 		v.Decide = decideForm(op, proposed, sess)
 	}
@@ -366,7 +371,7 @@ func (s *UI) uiOperation(w http.ResponseWriter, r *http.Request) {
 		if e.Seq > op.Seq {
 			break
 		}
-		ev, err := s.eventView(e.Envelope, t)
+		ev, err := s.eventView(e.Envelope, t, args)
 		if err != nil {
 			s.uiFailure(w, r, sess, "rendering the operation's events", key, err)
 			return
@@ -379,8 +384,8 @@ func (s *UI) uiOperation(w http.ResponseWriter, r *http.Request) {
 
 // eventView renders one event for the history. It goes through the JSON
 // API's redaction of events, so both show the same thing.
-func (s *UI) eventView(e events.Envelope, t tool.Tool) (uiEvent, error) {
-	raw, err := s.server.RenderEvent(e, t)
+func (s *UI) eventView(e events.Envelope, t tool.Tool, args json.RawMessage) (uiEvent, error) {
+	raw, err := s.server.RenderEvent(e, t, args)
 	if err != nil {
 		return uiEvent{}, err
 	}

@@ -378,7 +378,7 @@ func TestUIPagesAndAssets(t *testing.T) {
 // A token may hold bytes a cookie value cannot; the session still works.
 func TestUILoginWithTokenOfAnyBytes(t *testing.T) {
 	t.Parallel()
-	const odd = `tok;"odd"\ä`
+	const odd = `tok;"odd"\ä-long-enough`
 	f, _ := setupApproval(t, func(c *api.Config, _ *api.Deps) {
 		c.Tokens[odd] = "ops"
 	})
