@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/store"
 )
 
@@ -27,7 +28,7 @@ import (
 // before it in records that goes to the same partition: a failed Send leaves
 // each partition with a prefix of its records. *kafka.Producer satisfies it.
 type Publisher interface {
-	Send(records []kafka.Record) error
+	Send(ctx context.Context, records []kafka.Record) error
 }
 
 // RelayConfig tunes a Relay.
@@ -353,7 +354,7 @@ func (r *Relay) publish(ctx context.Context, evs []store.OutboxEvent) error {
 		// message carries the span's context, so the consumer's span is a
 		// child of this publish. Without an SDK the tracer is a no-op that
 		// passes the stored context through unchanged.
-		sctx, span := r.tracer.Start(kafka.ContextWithTraceparent(ctx, e.Traceparent), "relay publish",
+		sctx, span := r.tracer.Start(traceparent.ContextWith(ctx, e.Traceparent), "relay publish",
 			trace.WithSpanKind(trace.SpanKindProducer),
 			trace.WithAttributes(
 				attribute.String("messaging.system", "kafka"),
@@ -362,14 +363,12 @@ func (r *Relay) publish(ctx context.Context, evs []store.OutboxEvent) error {
 				attribute.String("effectline.event_type", string(e.Envelope.Type)),
 				attribute.Int64("effectline.seq", e.Envelope.Seq),
 			))
-		tp := kafka.TraceparentFrom(sctx)
-		if tp == "" {
-			tp = e.Traceparent
-		}
-		records[i] = kafka.Record{Topic: e.Topic, Envelope: e.Envelope, Raw: e.Raw, Traceparent: tp}
+		// The headers carry sctx's trace context as the process's
+		// propagator writes it (traceparent, tracestate, baggage).
+		records[i] = kafka.EventRecord(sctx, e.Topic, e.Envelope, e.Raw)
 		spans[i] = span
 	}
-	err := r.pub.Send(records)
+	err := r.pub.Send(ctx, records)
 	for _, s := range spans {
 		if err != nil {
 			s.RecordError(err)

@@ -190,8 +190,8 @@ func (a *app) build(names []string) ([]component, error) {
 		case componentExecutor:
 			x, err := executor.New(a.store, a.tools, executor.Config{
 				Kafka: a.kafka, Committer: a.committer, ShutdownGrace: a.cfg.ShutdownGrace, Lease: a.cfg.Lease,
-				CrashPoint: crashAt(a.cfg.CrashPoint),
-				Logger:     a.log, TracerProvider: tp, MeterProvider: mp,
+				CrashPoint: crashAt(a.cfg.CrashPoint), KafkaPrincipals: a.cfg.KafkaPrincipals,
+				Logger: a.log, TracerProvider: tp, MeterProvider: mp,
 			})
 			if err != nil {
 				return nil, err

@@ -26,6 +26,9 @@ const (
 	envExecutorLease    = "EFFECTLINE_EXECUTOR_LEASE"
 	envSweepInterval    = "EFFECTLINE_RECONCILER_SWEEP_INTERVAL"
 	envCommitWindow     = "EFFECTLINE_COMMIT_WINDOW"
+	// envKafkaPrincipals lists the principals an intent produced straight to
+	// Kafka may name (contract); unset, any.
+	envKafkaPrincipals = "EFFECTLINE_KAFKA_PRINCIPALS"
 	// envCrashPoint makes the executor SIGKILL its own process at a named
 	// point (executor.Point*): for the crash-matrix tests only.
 	envCrashPoint        = "EFFECTLINE_CRASHPOINT"
@@ -41,6 +44,7 @@ var EnvVars = []string{
 	envDatabaseURL, envKafkaBrokers, envTools, envHTTPAddr, envAPITokens, envApprovers,
 	envTopicPrefix, envKafkaPartitions, envKafkaReplication, envLogLevel, envShutdownGrace,
 	envInsecureOpenAPI, envExecutorLease, envSweepInterval, envCommitWindow,
+	envKafkaPrincipals,
 }
 
 // Components that `effectline run --components` accepts.
@@ -80,6 +84,9 @@ type config struct {
 	// none (EFFECTLINE_COMMIT_WINDOW=0).
 	CommitWindow time.Duration
 	CrashPoint   string
+	// KafkaPrincipals are the principals a direct intent may name; empty
+	// means any.
+	KafkaPrincipals []string
 }
 
 func configFromEnv(getenv func(string) string) (config, error) {
@@ -100,6 +107,7 @@ func configFromEnv(getenv func(string) string) (config, error) {
 	}
 	c.KafkaBrokers = splitList(getenv(envKafkaBrokers))
 	c.Approvers = splitList(getenv(envApprovers))
+	c.KafkaPrincipals = splitList(getenv(envKafkaPrincipals))
 	var errs []error
 	if v := getenv(envKafkaPartitions); v != "" {
 		n, err := strconv.ParseInt(v, 10, 32)

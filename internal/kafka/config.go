@@ -10,12 +10,15 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/effectline/effectline/events"
 )
 
 // Config says where the cluster is and how effectline's topics look.
 type Config struct {
 	Brokers []string
 	// TopicPrefix replaces "effectline." in the topic names (contract).
+	// Default events.DefaultTopicPrefix.
 	TopicPrefix string
 	// Partitions of each topic created at start. Default 12: the upper bound
 	// on executor and projector replicas.
@@ -29,13 +32,10 @@ type Config struct {
 	ConnectTimeout time.Duration
 }
 
-// DefaultTopicPrefix is the prefix of the contract's topic names.
-const DefaultTopicPrefix = "effectline."
-
 // WithDefaults fills unset fields.
 func (c Config) WithDefaults() Config {
 	if c.TopicPrefix == "" {
-		c.TopicPrefix = DefaultTopicPrefix
+		c.TopicPrefix = events.DefaultTopicPrefix
 	}
 	if c.Partitions <= 0 {
 		c.Partitions = 12
@@ -100,12 +100,13 @@ func (c Config) Sarama() *sarama.Config {
 	sc.Consumer.Offsets.AutoCommit.Enable = true
 	sc.Consumer.Offsets.AutoCommit.Interval = 200 * time.Millisecond
 	sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyRoundRobin()}
+	sc.Consumer.MaxProcessingTime = time.Second
 	sc.Consumer.Group.Session.Timeout = 10 * time.Second
 	sc.Consumer.Group.Heartbeat.Interval = time.Second
-	sc.Consumer.MaxProcessingTime = time.Second
 	return sc
 }
 
 func (c Config) String() string {
 	return fmt.Sprintf("brokers=%v prefix=%s", c.Brokers, c.WithDefaults().TopicPrefix)
 }
+
