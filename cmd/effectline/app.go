@@ -140,6 +140,7 @@ func newApp(ctx context.Context, o appOptions) (*app, error) {
 	a.kafka = kafka.Config{
 		Brokers: o.cfg.KafkaBrokers, TopicPrefix: o.cfg.TopicPrefix,
 		Partitions: o.cfg.Partitions, ReplicationFactor: o.cfg.Replication,
+		InstanceID: o.cfg.KafkaInstanceID,
 	}.WithDefaults()
 	return a, nil
 }

@@ -29,6 +29,9 @@ const (
 	// envKafkaPrincipals lists the principals an intent produced straight to
 	// Kafka may name (contract); unset, any.
 	envKafkaPrincipals = "EFFECTLINE_KAFKA_PRINCIPALS"
+	// envKafkaInstanceID makes the process a static member of its consumer
+	// groups (kafka.Config.InstanceID): stable per replica, unique.
+	envKafkaInstanceID = "EFFECTLINE_KAFKA_INSTANCE_ID"
 	// envCrashPoint makes the executor SIGKILL its own process at a named
 	// point (executor.Point*): for the crash-matrix tests only.
 	envCrashPoint        = "EFFECTLINE_CRASHPOINT"
@@ -44,7 +47,7 @@ var EnvVars = []string{
 	envDatabaseURL, envKafkaBrokers, envTools, envHTTPAddr, envAPITokens, envApprovers,
 	envTopicPrefix, envKafkaPartitions, envKafkaReplication, envLogLevel, envShutdownGrace,
 	envInsecureOpenAPI, envExecutorLease, envSweepInterval, envCommitWindow,
-	envKafkaPrincipals,
+	envKafkaPrincipals, envKafkaInstanceID,
 }
 
 // Components that `effectline run --components` accepts.
@@ -87,6 +90,8 @@ type config struct {
 	// KafkaPrincipals are the principals a direct intent may name; empty
 	// means any.
 	KafkaPrincipals []string
+	// KafkaInstanceID is the static group membership id, or "".
+	KafkaInstanceID string
 }
 
 func configFromEnv(getenv func(string) string) (config, error) {
@@ -108,6 +113,7 @@ func configFromEnv(getenv func(string) string) (config, error) {
 	c.KafkaBrokers = splitList(getenv(envKafkaBrokers))
 	c.Approvers = splitList(getenv(envApprovers))
 	c.KafkaPrincipals = splitList(getenv(envKafkaPrincipals))
+	c.KafkaInstanceID = strings.TrimSpace(getenv(envKafkaInstanceID))
 	var errs []error
 	if v := getenv(envKafkaPartitions); v != "" {
 		n, err := strconv.ParseInt(v, 10, 32)

@@ -162,6 +162,7 @@ func (b *BatchConsumer) Run(ctx context.Context) error {
 	// A batch is committed to the database before its offsets are marked;
 	// a long batch must not cost the partition its claim.
 	sc.Consumer.MaxProcessingTime = 30 * time.Second
+	sc.Consumer.Group.InstanceId = b.cfg.InstanceID
 	if b.cc.DeadLetters {
 		dlq, err := NewProducer(b.cfg)
 		if err != nil {
