@@ -19,8 +19,8 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
-	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/projector"
 	"github.com/effectline/effectline/store"
 )

@@ -25,8 +25,8 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
-	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/reconciler"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"

@@ -111,7 +111,6 @@ func (t *telemetry) leaseExpired(ctx context.Context, op events.Operation) {
 	t.leasesExpired.Add(ctx, 1, metric.WithAttributes(attribute.String("tool", op.Tool)))
 }
 
-
 func endSpan(span trace.Span, err error) {
 	if err != nil {
 		span.RecordError(err)
