@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/executor"
@@ -23,7 +25,11 @@ import (
 func TestPoisonMessagesAreDeadLettered(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	e.start(func(c *executor.Config) { c.KafkaPrincipals = []string{"billing-agent"} })
+	reader := sdkmetric.NewManualReader()
+	e.start(func(c *executor.Config) {
+		c.KafkaPrincipals = []string{"billing-agent"}
+		c.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	})
 
 	intent := func(key, toolName, principal string) []byte {
 		ev, err := events.New(events.IntentRecorded, key, 1, toolName, events.Idempotent, 0,
@@ -122,6 +128,28 @@ func TestPoisonMessagesAreDeadLettered(t *testing.T) {
 	for _, key := range []string{"poison/key", "poison/tool", "poison/principal"} {
 		if _, err := e.store.Load(ctx, key); !errors.Is(err, store.ErrNotFound) {
 			t.Errorf("%s: journaled (%v), want dead-lettered only", key, err)
+		}
+	}
+	counted := map[string]int64{}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != kafka.MetricDeadLetters {
+				continue
+			}
+			sum, _ := m.Data.(metricdata.Sum[int64])
+			for _, dp := range sum.DataPoints {
+				reason, _ := dp.Attributes.Value("reason")
+				counted[reason.AsString()] += dp.Value
+			}
+		}
+	}
+	for _, p := range poison {
+		if counted[p.reason] != 1 {
+			t.Errorf("%s: %s counted %d, want 1 (all: %v)", p.reason, kafka.MetricDeadLetters, counted[p.reason], counted)
 		}
 	}
 	if got := e.fake.Applied(); got != 1 {
