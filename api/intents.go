@@ -15,7 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
 )
@@ -126,7 +126,7 @@ func (s *Server) postIntent(w http.ResponseWriter, r *http.Request) {
 		// The span of this request is a child of the caller's traceparent
 		// (if any), so storing it makes the executor's attempts continue the
 		// caller's trace (DESIGN §8).
-		Traceparent: kafka.TraceparentFrom(ctx),
+		Traceparent: traceparent.FromContext(ctx),
 		TopicPrefix: s.cfg.TopicPrefix,
 	})
 	switch {

@@ -52,6 +52,12 @@ type Config struct {
 	// ends; calls still running then are cancelled and journaled as Unknown.
 	// Default 10s.
 	ShutdownGrace time.Duration
+	// KafkaPrincipals, when not empty, are the only principals an intent
+	// produced straight to the intents topic may name; a direct intent
+	// naming another is dead-lettered. Intents journaled by the outbox or
+	// the API are not checked against it. Empty: any principal (the tools'
+	// own allowed_principals still apply at execution time).
+	KafkaPrincipals []string
 	// Committer, if set, is shared with other components of the process so
 	// their appends share commits; otherwise the executor runs its own.
 	Committer *store.Committer
@@ -184,8 +190,12 @@ func (e *Executor) Run(ctx context.Context) error {
 
 	intakeCtx, stopIntake := context.WithCancel(ctx)
 	defer stopIntake()
-	intake, err := kafka.NewBatchConsumer(e.cfg.Kafka, e.cfg.Group, e.cfg.Kafka.Topic(events.TopicIntents),
-		e.cfg.Concurrency, kafka.Concurrently(e.handleIntent), e.cfg.Logger)
+	// A message that can never become an operation is copied to the
+	// dead-letter topic, and the partition moves on.
+	intake, err := kafka.NewBatchConsumer(e.cfg.Kafka, kafka.ConsumerConfig{
+		Group: e.cfg.Group, Topic: e.cfg.Kafka.Topic(events.TopicIntents), MaxBatch: e.cfg.Concurrency,
+		DeadLetters: true, Logger: e.cfg.Logger, MeterProvider: e.cfg.MeterProvider,
+	}, kafka.Concurrently(e.handleIntent))
 	if err != nil {
 		return fmt.Errorf("executor: %w", err)
 	}

@@ -138,7 +138,7 @@ func (e *env) produce(key, toolName string, class events.EffectClass, args strin
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	msg := kafka.ProducerMessage(kafka.Record{Topic: e.kafka.Topic(events.TopicIntents), Envelope: ev, Raw: raw})
+	msg := kafka.ProducerMessage(kafka.EventRecord(context.Background(), e.kafka.Topic(events.TopicIntents), ev, raw))
 	headers := map[string]string{}
 	for _, h := range msg.Headers {
 		headers[string(h.Key)] = string(h.Value)
@@ -481,13 +481,14 @@ func TestProducerChosenEventIDs(t *testing.T) {
 }
 
 // TestExecutionTimeChecks: intents produced straight to Kafka are checked
-// again at execution time; each rejection is final and journaled.
+// again at execution time; each rejection is final and journaled. (One
+// naming an unknown tool never becomes an operation: it is a dead letter,
+// TestPoisonMessagesAreDeadLettered.)
 func TestExecutionTimeChecks(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	e.start()
 	cases := []struct{ key, tool, args, class string }{
-		{"unknown-tool", "nope.tool", `{}`, "unknown_tool"},
 		{"bad-args", "payments.charge", `{"amount":0}`, "invalid_args"},
 		{"wrong-class", "payments.charge", `{"amount":1}`, "effect_class_mismatch"},
 	}

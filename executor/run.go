@@ -10,8 +10,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/metrics"
+	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/policy"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
@@ -146,7 +146,7 @@ func (e *Executor) record(ctx context.Context, claimed events.Operation, spec ev
 		if err == nil {
 			var next events.Operation
 			next, err = e.committer.Append(ctx, store.Append{
-				Base: base, Events: evs, Traceparent: kafka.TraceparentFrom(ctx), TopicPrefix: e.cfg.Kafka.TopicPrefix,
+				Base: base, Events: evs, Traceparent: traceparent.FromContext(ctx), TopicPrefix: e.cfg.Kafka.TopicPrefix,
 			})
 			if err == nil {
 				return next

@@ -35,7 +35,6 @@ type telemetry struct {
 	attempts  metric.Int64Counter
 	unknowns  metric.Int64Counter
 	journaled metric.Int64Counter
-	bad       metric.Int64Counter
 	intents   metric.Int64Counter
 	e2e       metric.Float64Histogram
 	callTime  metric.Float64Histogram
@@ -51,8 +50,6 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry,
 			Description: "Calls whose outcome is unknown: the effect may have happened."},
 		metrics.Counter{Into: &t.journaled, Name: "effectline.executor.steps",
 			Description: "Steps the executor journaled, by kind."},
-		metrics.Counter{Into: &t.bad, Name: "effectline.executor.malformed_messages",
-			Description: "Messages on the intents topic that were not valid intents."},
 		metrics.Counter{Into: &t.intents, Name: "effectline.executor.intents_from_kafka",
 			Description: "Intents produced straight to Kafka and journaled by the executor."},
 	); err != nil {
@@ -129,5 +126,4 @@ func (t *telemetry) recordJournal(ctx context.Context, op events.Operation, st s
 	}
 }
 
-func (t *telemetry) malformed(ctx context.Context)       { t.bad.Add(ctx, 1) }
 func (t *telemetry) intentJournaled(ctx context.Context) { t.intents.Add(ctx, 1) }

@@ -343,8 +343,8 @@ type countingPublisher struct {
 	after func(n int, err error) error
 }
 
-func (p *countingPublisher) Send(recs []kafka.Record) error {
-	err := p.next.Send(recs)
+func (p *countingPublisher) Send(ctx context.Context, recs []kafka.Record) error {
+	err := p.next.Send(ctx, recs)
 	p.mu.Lock()
 	p.sends++
 	n := p.sends

@@ -25,7 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/store"
 )
 
@@ -175,9 +175,9 @@ func (w Writer) AppendMany(ctx context.Context, tx pgx.Tx, ins []Intent) ([]Appe
 	}
 	prefix := w.TopicPrefix
 	if prefix == "" {
-		prefix = kafka.DefaultTopicPrefix
+		prefix = events.DefaultTopicPrefix
 	}
-	traceparent := kafka.TraceparentFrom(ctx)
+	tp := traceparent.FromContext(ctx)
 
 	appends := make([]store.Append, len(ins))
 	hashes := make([]string, len(ins))
@@ -192,7 +192,7 @@ func (w Writer) AppendMany(ctx context.Context, tx pgx.Tx, ins []Intent) ([]Appe
 		if err != nil {
 			return nil, intentErr(i, len(ins), in, err)
 		}
-		appends[i] = store.Append{Events: []events.Envelope{env}, Traceparent: traceparent, TopicPrefix: prefix}
+		appends[i] = store.Append{Events: []events.Envelope{env}, Traceparent: tp, TopicPrefix: prefix}
 	}
 
 	results, err := store.AppendBatchTx(ctx, tx, appends)

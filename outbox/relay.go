@@ -20,6 +20,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
 )
@@ -30,7 +31,7 @@ import (
 // before it in records that goes to the same partition: a failed Send leaves
 // each partition with a prefix of its records. *kafka.Producer satisfies it.
 type Publisher interface {
-	Send(records []kafka.Record) error
+	Send(ctx context.Context, records []kafka.Record) error
 }
 
 // RelayConfig tunes a Relay.
@@ -103,7 +104,7 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 		c.MeterProvider = otel.GetMeterProvider()
 	}
 	if c.IntentsTopic == "" {
-		c.IntentsTopic = kafka.DefaultTopicPrefix + events.TopicIntents
+		c.IntentsTopic = events.DefaultTopicPrefix + events.TopicIntents
 	}
 	if c.RedactArgs == nil {
 		c.RedactArgs = func(_ string, args json.RawMessage) json.RawMessage { return tool.Scrub(nil, args, args) }
@@ -375,7 +376,7 @@ func (r *Relay) publish(ctx context.Context, evs []store.OutboxEvent) error {
 		// message carries the span's context, so the consumer's span is a
 		// child of this publish. Without an SDK the tracer is a no-op that
 		// passes the stored context through unchanged.
-		sctx, span := r.tracer.Start(kafka.ContextWithTraceparent(ctx, e.Traceparent), "relay publish",
+		sctx, span := r.tracer.Start(traceparent.ContextWith(ctx, e.Traceparent), "relay publish",
 			trace.WithSpanKind(trace.SpanKindProducer),
 			trace.WithAttributes(
 				attribute.String("messaging.system", "kafka"),
@@ -384,10 +385,6 @@ func (r *Relay) publish(ctx context.Context, evs []store.OutboxEvent) error {
 				attribute.String("effectline.event_type", string(e.Envelope.Type)),
 				attribute.Int64("effectline.seq", e.Envelope.Seq),
 			))
-		tp := kafka.TraceparentFrom(sctx)
-		if tp == "" {
-			tp = e.Traceparent
-		}
 		spans[i] = span
 		env, raw := e.Envelope, e.Raw
 		if env.Type == events.IntentRecorded && e.Topic != r.cfg.IntentsTopic {
@@ -399,9 +396,11 @@ func (r *Relay) publish(ctx context.Context, evs []store.OutboxEvent) error {
 				return err
 			}
 		}
-		records[i] = kafka.Record{Topic: e.Topic, Envelope: env, Raw: raw, Traceparent: tp}
+		// The headers carry sctx's trace context as the process's
+		// propagator writes it (traceparent, tracestate, baggage).
+		records[i] = kafka.EventRecord(sctx, e.Topic, env, raw)
 	}
-	err := r.pub.Send(records)
+	err := r.pub.Send(ctx, records)
 	for _, s := range spans {
 		if err != nil {
 			s.RecordError(err)

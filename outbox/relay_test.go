@@ -304,7 +304,7 @@ type failingPublisher struct {
 	records int
 }
 
-func (p *failingPublisher) Send(recs []kafka.Record) error {
+func (p *failingPublisher) Send(_ context.Context, recs []kafka.Record) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.calls++

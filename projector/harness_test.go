@@ -20,6 +20,7 @@ import (
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/projector"
 	"github.com/effectline/effectline/store"
 )
@@ -201,6 +202,17 @@ func (r *running) count(t testing.TB, outcome string) int64 {
 	return 0
 }
 
+// rejected returns how many messages the consumer rejected as malformed.
+func (r *running) rejected(t testing.TB) int64 {
+	t.Helper()
+	sum, _ := r.metric(t, kafka.MetricRejectedMessages).(metricdata.Sum[int64])
+	var n int64
+	for _, dp := range sum.DataPoints {
+		n += dp.Value
+	}
+	return n
+}
+
 // rewinds returns how many times the projector read its partitions again.
 func (r *running) rewinds(t testing.TB) int64 {
 	t.Helper()
@@ -363,14 +375,10 @@ func (h *harness) publish(evs ...store.StoredEvent) {
 	h.t.Helper()
 	recs := make([]kafka.Record, len(evs))
 	for i, e := range evs {
-		recs[i] = kafka.Record{
-			Topic:       h.kafka.Topic(events.TopicOutcomes),
-			Envelope:    e.Envelope,
-			Raw:         e.Raw,
-			Traceparent: e.Traceparent,
-		}
+		recs[i] = kafka.EventRecord(traceparent.ContextWith(context.Background(), e.Traceparent),
+			h.kafka.Topic(events.TopicOutcomes), e.Envelope, e.Raw)
 	}
-	if err := h.prod.Send(recs); err != nil {
+	if err := h.prod.Send(context.Background(), recs); err != nil {
 		h.t.Fatalf("publishing %d events: %v", len(recs), err)
 	}
 }
@@ -381,12 +389,8 @@ func (h *harness) publish(evs ...store.StoredEvent) {
 // franz-go's murmur2, sarama's hash partitioner with FNV-1a).
 func (h *harness) produceRaw(key string, value []byte) {
 	h.t.Helper()
-	rec := kafka.Record{
-		Topic:    h.kafka.Topic(events.TopicOutcomes),
-		Envelope: events.Envelope{OperationKey: key},
-		Raw:      value,
-	}
-	if err := h.prod.Send([]kafka.Record{rec}); err != nil {
+	rec := kafka.Record{Topic: h.kafka.Topic(events.TopicOutcomes), Key: []byte(key), Value: value}
+	if err := h.prod.Send(context.Background(), []kafka.Record{rec}); err != nil {
 		h.t.Fatalf("publishing a raw message: %v", err)
 	}
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/reconciler"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
@@ -153,7 +154,7 @@ func appendEvents(t *testing.T, st *store.Store, base events.Operation, specs ..
 		}
 		evs[i] = ev
 	}
-	op, err := st.Append(t.Context(), store.Append{Base: base, Events: evs, TopicPrefix: kafka.DefaultTopicPrefix})
+	op, err := st.Append(t.Context(), store.Append{Base: base, Events: evs, TopicPrefix: events.DefaultTopicPrefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +180,7 @@ func (e *env) newIntent(t *testing.T, key, toolName, args string) events.Operati
 	if err != nil {
 		t.Fatal(err)
 	}
-	op, err := e.st.Append(t.Context(), store.Append{Events: []events.Envelope{ev}, TopicPrefix: kafka.DefaultTopicPrefix,
+	op, err := e.st.Append(t.Context(), store.Append{Events: []events.Envelope{ev}, TopicPrefix: events.DefaultTopicPrefix,
 		Traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
 	if err != nil {
 		t.Fatal(err)
@@ -232,10 +233,10 @@ func (e *env) publish(t *testing.T, kcfg kafka.Config, key string) {
 	var recs []kafka.Record
 	for _, ev := range evs {
 		for _, suffix := range events.TopicsFor(ev.Type) {
-			recs = append(recs, kafka.Record{Topic: kcfg.Topic(suffix), Envelope: ev.Envelope, Raw: ev.Raw, Traceparent: ev.Traceparent})
+			recs = append(recs, kafka.EventRecord(traceparent.ContextWith(context.Background(), ev.Traceparent), kcfg.Topic(suffix), ev.Envelope, ev.Raw))
 		}
 	}
-	if err := p.Send(recs); err != nil {
+	if err := p.Send(context.Background(), recs); err != nil {
 		t.Fatal(err)
 	}
 }

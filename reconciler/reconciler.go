@@ -220,7 +220,7 @@ func New(st *store.Store, tools Tools, cfg Config) (*Reconciler, error) {
 // replica holds the sweeper lock, the sweeps, until ctx ends. It then stops
 // taking work, cancels asks in flight (an interrupted ask decides nothing:
 // the next owner asks again), waits for every goroutine it started, and
-// returns. It returns early with an error only when the Kafka subscriber
+// returns. It returns early with an error only when the Kafka consumer
 // fails. Call it once per Reconciler.
 func (r *Reconciler) Run(ctx context.Context) error {
 	if !r.started.CompareAndSwap(false, true) {
@@ -237,13 +237,17 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	r.work = newPool(r.cfg.Concurrency, r.reconcileJob)
 	poolDone := make(chan struct{})
 	go func() { defer close(poolDone); r.work.run(runCtx) }()
-	intake, err := kafka.StartConsumer(runCtx, r.cfg.Kafka, "reconciler", r.cfg.Group,
-		r.cfg.Kafka.Topic(events.TopicOutcomes), r.handleOutcome, r.cfg.Logger)
+	intake, err := kafka.NewBatchConsumer(r.cfg.Kafka, kafka.ConsumerConfig{
+		Group: r.cfg.Group, Topic: r.cfg.Kafka.Topic(events.TopicOutcomes),
+		Logger: r.cfg.Logger, MeterProvider: r.cfg.MeterProvider,
+	}, r.handleOutcomes)
 	if err != nil {
 		stop()
 		<-poolDone
 		return fmt.Errorf("reconciler: %w", err)
 	}
+	intakeDone := make(chan error, 1)
+	go func() { intakeDone <- intake.Run(runCtx) }()
 	sweepDone := make(chan struct{})
 	go func() { defer close(sweepDone); r.sweepLoop(runCtx) }()
 
@@ -251,11 +255,16 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	var runErr error
 	select {
 	case <-ctx.Done():
-	case <-intake.Stopped():
-		runErr = intake.Err()
+		<-intakeDone
+	case runErr = <-intakeDone:
+		switch {
+		case runErr != nil:
+			runErr = fmt.Errorf("reconciler: %w", runErr)
+		case ctx.Err() == nil:
+			runErr = errors.New("reconciler: the outcomes consumer stopped on its own")
+		}
 	}
 	stop()
-	intake.Close()
 	<-sweepDone
 	<-poolDone
 	r.log.Info("reconciler stopped")

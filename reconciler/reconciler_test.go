@@ -42,8 +42,8 @@ func TestLostResponseOnCommittedChargeCompletes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = p.Send([]kafka.Record{{Topic: kcfg.Topic(events.TopicOutcomes),
-		Envelope: events.Envelope{EventID: "bogus", OperationKey: op.Key}, Raw: []byte(`{"not":"an event"`)}})
+	err = p.Send(context.Background(), []kafka.Record{{Topic: kcfg.Topic(events.TopicOutcomes),
+		Key: []byte(op.Key), Value: []byte(`{"not":"an event"`)}})
 	_ = p.Close()
 	if err != nil {
 		t.Fatal(err)

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/policy"
 	"github.com/effectline/effectline/store"
 )
@@ -198,8 +198,8 @@ func (r *Reconciler) expireLease(ctx context.Context, key string) (bool, error) 
 			return false, err
 		}
 		tp, _ := r.store.Traceparent(ctx, key)
-		spanCtx, span := r.tel.startLeaseExpiry(kafka.ContextWithTraceparent(ctx, tp), op)
-		a := store.Append{Base: op, Events: evs, Traceparent: kafka.TraceparentFrom(spanCtx), TopicPrefix: r.cfg.Kafka.TopicPrefix}
+		spanCtx, span := r.tel.startLeaseExpiry(traceparent.ContextWith(ctx, tp), op)
+		a := store.Append{Base: op, Events: evs, Traceparent: traceparent.FromContext(spanCtx), TopicPrefix: r.cfg.Kafka.TopicPrefix}
 		var next events.Operation
 		err = pgx.BeginFunc(ctx, r.store.Pool(), func(tx pgx.Tx) error {
 			leaseUntil, err := store.LockLeaseTx(ctx, tx, op.Key, op.Seq)

@@ -39,7 +39,6 @@ type telemetry struct {
 	reconciliations metric.Int64Counter
 	escalations     metric.Int64Counter
 	leasesExpired   metric.Int64Counter
-	malformedMsgs   metric.Int64Counter
 	webhooks        metric.Int64Counter
 	e2e             metric.Float64Histogram
 }
@@ -54,8 +53,6 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry,
 			Description: "Operations handed to the approval gate, by tool and reason."},
 		metrics.Counter{Into: &t.leasesExpired, Name: "effectline.leases_expired",
 			Description: "Steps declared Unknown because their worker stopped renewing the lease, by tool."},
-		metrics.Counter{Into: &t.malformedMsgs, Name: "effectline.reconciler.malformed_messages",
-			Description: "Messages on the outcomes topic that were not valid events."},
 		metrics.Counter{Into: &t.webhooks, Name: "effectline.webhooks",
 			Description: "Inbound callbacks, by source and result."},
 	); err != nil {
@@ -113,8 +110,6 @@ func (t *telemetry) startLeaseExpiry(ctx context.Context, op events.Operation) (
 func (t *telemetry) leaseExpired(ctx context.Context, op events.Operation) {
 	t.leasesExpired.Add(ctx, 1, metric.WithAttributes(attribute.String("tool", op.Tool)))
 }
-
-func (t *telemetry) malformed(ctx context.Context) { t.malformedMsgs.Add(ctx, 1) }
 
 func endSpan(span trace.Span, err error) {
 	if err != nil {

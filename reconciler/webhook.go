@@ -19,8 +19,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/metrics"
+	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
 )
@@ -75,7 +75,7 @@ func NewWebhooks(st *store.Store, tools Tools, cfg WebhookConfig) (*Webhooks, er
 		return nil, errors.New("reconciler: webhooks need a store and a tools registry")
 	}
 	if cfg.TopicPrefix == "" {
-		cfg.TopicPrefix = kafka.DefaultTopicPrefix
+		cfg.TopicPrefix = events.DefaultTopicPrefix
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -298,7 +298,7 @@ func (w *Webhooks) apply(ctx context.Context, tx pgx.Tx, source string, t tool.T
 	}
 	// The resolution belongs to the operation's trace; the delivery's own
 	// span (the HTTP request's trace) is linked to it.
-	opCtx, span := w.tel.tracer.Start(kafka.ContextWithTraceparent(context.WithoutCancel(ctx), tp), "reconciliation",
+	opCtx, span := w.tel.tracer.Start(traceparent.ContextWith(context.WithoutCancel(ctx), tp), "reconciliation",
 		trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithLinks(trace.LinkFromContext(ctx)),
 		trace.WithAttributes(append(opAttrs(op), attrSource.String(source), attrAnswer.String(cb.Type))...))
@@ -311,7 +311,7 @@ func (w *Webhooks) apply(ctx context.Context, tx pgx.Tx, source string, t tool.T
 	if err == nil {
 		var next events.Operation
 		next, err = store.AppendTx(ctx, tx, store.Append{
-			Base: op, Events: evs, Traceparent: kafka.TraceparentFrom(opCtx), TopicPrefix: w.cfg.TopicPrefix,
+			Base: op, Events: evs, Traceparent: traceparent.FromContext(opCtx), TopicPrefix: w.cfg.TopicPrefix,
 		})
 		res.Status = next.Status
 		*settled = next

@@ -141,6 +141,7 @@ func newApp(ctx context.Context, o appOptions) (*app, error) {
 	a.kafka = kafka.Config{
 		Brokers: o.cfg.KafkaBrokers, TopicPrefix: o.cfg.TopicPrefix,
 		Partitions: o.cfg.Partitions, ReplicationFactor: o.cfg.Replication,
+		InstanceID: o.cfg.KafkaInstanceID,
 	}.WithDefaults()
 	return a, nil
 }
@@ -203,8 +204,8 @@ func (a *app) build(names []string) ([]component, error) {
 		case componentExecutor:
 			x, err := executor.New(a.store, a.tools, executor.Config{
 				Kafka: a.kafka, Committer: a.committer, ShutdownGrace: a.cfg.ShutdownGrace, Lease: a.cfg.Lease,
-				CrashPoint: crashAt(a.cfg.CrashPoint),
-				Logger:     a.log, TracerProvider: tp, MeterProvider: mp,
+				CrashPoint: crashAt(a.cfg.CrashPoint), KafkaPrincipals: a.cfg.KafkaPrincipals,
+				Logger: a.log, TracerProvider: tp, MeterProvider: mp,
 			})
 			if err != nil {
 				return nil, err

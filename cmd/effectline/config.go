@@ -29,6 +29,12 @@ const (
 	envExecutorLease    = "EFFECTLINE_EXECUTOR_LEASE"
 	envSweepInterval    = "EFFECTLINE_RECONCILER_SWEEP_INTERVAL"
 	envCommitWindow     = "EFFECTLINE_COMMIT_WINDOW"
+	// envKafkaPrincipals lists the principals an intent produced straight to
+	// Kafka may name (contract); unset, any.
+	envKafkaPrincipals = "EFFECTLINE_KAFKA_PRINCIPALS"
+	// envKafkaInstanceID makes the process a static member of its consumer
+	// groups (kafka.Config.InstanceID): stable per replica, unique.
+	envKafkaInstanceID = "EFFECTLINE_KAFKA_INSTANCE_ID"
 	// envCrashPoint makes the executor SIGKILL its own process at a named
 	// point (executor.Point*): for the crash-matrix tests only.
 	envCrashPoint        = "EFFECTLINE_CRASHPOINT"
@@ -45,6 +51,7 @@ var EnvVars = []string{
 	envTopicPrefix, envKafkaPartitions, envKafkaReplication, envLogLevel, envShutdownGrace,
 	envInsecureOpenAPI, envExecutorLease, envSweepInterval, envCommitWindow,
 	ops.EnvAPIURL, ops.EnvAPIToken, // read by `effectline ops`, the API's client
+	envKafkaPrincipals, envKafkaInstanceID,
 }
 
 // Components that `effectline run --components` accepts.
@@ -86,6 +93,11 @@ type config struct {
 	// none (EFFECTLINE_COMMIT_WINDOW=0).
 	CommitWindow time.Duration
 	CrashPoint   string
+	// KafkaPrincipals are the principals a direct intent may name; empty
+	// means any.
+	KafkaPrincipals []string
+	// KafkaInstanceID is the static group membership id, or "".
+	KafkaInstanceID string
 }
 
 func configFromEnv(getenv func(string) string) (config, error) {
@@ -107,6 +119,8 @@ func configFromEnv(getenv func(string) string) (config, error) {
 	c.KafkaBrokers = splitList(getenv(envKafkaBrokers))
 	c.Approvers = splitList(getenv(envApprovers))
 	c.Readers = splitList(getenv(envReaders))
+	c.KafkaPrincipals = splitList(getenv(envKafkaPrincipals))
+	c.KafkaInstanceID = strings.TrimSpace(getenv(envKafkaInstanceID))
 	var errs []error
 	if v := getenv(envKafkaPartitions); v != "" {
 		n, err := strconv.ParseInt(v, 10, 32)
