@@ -163,6 +163,10 @@ func (s *Server) postIntent(w http.ResponseWriter, r *http.Request) {
 // depends only on it, never on which request came first.
 func (s *Server) answerExisting(ctx context.Context, w http.ResponseWriter, t Tool, key, name, hash, principal string) {
 	op, err := s.store.Load(ctx, key)
+	if tomb, ok := store.AsPruned(err); ok {
+		s.answerTombstone(ctx, w, tomb, name, hash, principal)
+		return
+	}
 	if err != nil {
 		s.fail(ctx, w, "loading the existing operation", key, err)
 		return

@@ -174,6 +174,10 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	op, err := s.store.Load(ctx, key)
+	if tomb, ok := store.AsPruned(err); ok {
+		writeJSON(w, http.StatusOK, renderTombstone(tomb))
+		return
+	}
 	if errors.Is(err, store.ErrNotFound) {
 		writeError(w, http.StatusNotFound, codeNotFound, "no operation with this key")
 		return

@@ -89,6 +89,12 @@ func (e *Executor) ensureIntent(ctx context.Context, env events.Envelope, tracep
 	}
 	for range maxConflicts {
 		op, err = e.store.Load(ctx, env.OperationKey)
+		if tomb, ok := store.AsPruned(err); ok {
+			// The operation settled long ago and was pruned (the claim
+			// above conflicted with its tombstone): never run it again.
+			e.prunedIntent(ctx, tomb, hash)
+			return op, false, nil
+		}
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			op, err = e.committer.Append(ctx, store.Append{

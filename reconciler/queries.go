@@ -20,9 +20,10 @@ const sqlRecordDelivery = `INSERT INTO webhook_deliveries (source, webhook_id, r
 
 // sqlLockByKey locks the operations among the candidate keys of a callback's
 // idempotency key, so the callback's append cannot race another writer
-// inside the transaction.
+// inside the transaction. Tombstones (pruned operations) have nothing a
+// callback could change.
 const sqlLockByKey = `SELECT operation_key FROM operations
-	WHERE operation_key = ANY($1) AND tool = $2
+	WHERE operation_key = ANY($1) AND tool = $2 AND pruned_at IS NULL
 	ORDER BY operation_key
 	FOR UPDATE`
 
