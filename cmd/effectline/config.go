@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/effectline/effectline/pruner"
 )
 
 // Environment variables the binary reads (contract, DESIGN §7). Only cmd
@@ -26,6 +28,11 @@ const (
 	envExecutorLease    = "EFFECTLINE_EXECUTOR_LEASE"
 	envSweepInterval    = "EFFECTLINE_RECONCILER_SWEEP_INTERVAL"
 	envCommitWindow     = "EFFECTLINE_COMMIT_WINDOW"
+	// envRetention is the dedup_window of tools that name none;
+	// envTombstoneRetention how long a pruned operation's tombstone is
+	// kept (unset: forever).
+	envRetention          = "EFFECTLINE_RETENTION"
+	envTombstoneRetention = "EFFECTLINE_TOMBSTONE_RETENTION"
 	// envCrashPoint makes the executor SIGKILL its own process at a named
 	// point (executor.Point*): for the crash-matrix tests only.
 	envCrashPoint        = "EFFECTLINE_CRASHPOINT"
@@ -41,6 +48,7 @@ var EnvVars = []string{
 	envDatabaseURL, envKafkaBrokers, envTools, envHTTPAddr, envAPITokens, envApprovers,
 	envTopicPrefix, envKafkaPartitions, envKafkaReplication, envLogLevel, envShutdownGrace,
 	envInsecureOpenAPI, envExecutorLease, envSweepInterval, envCommitWindow,
+	envRetention, envTombstoneRetention,
 }
 
 // Components that `effectline run --components` accepts.
@@ -80,6 +88,10 @@ type config struct {
 	// none (EFFECTLINE_COMMIT_WINDOW=0).
 	CommitWindow time.Duration
 	CrashPoint   string
+	// Retention is the default dedup_window; TombstoneRetention zero keeps
+	// tombstones forever.
+	Retention          time.Duration
+	TombstoneRetention time.Duration
 }
 
 func configFromEnv(getenv func(string) string) (config, error) {
@@ -126,7 +138,8 @@ func configFromEnv(getenv func(string) string) (config, error) {
 	for _, d := range []struct {
 		name string
 		dst  *time.Duration
-	}{{envExecutorLease, &c.Lease}, {envSweepInterval, &c.SweepInterval}} {
+	}{{envExecutorLease, &c.Lease}, {envSweepInterval, &c.SweepInterval},
+		{envRetention, &c.Retention}, {envTombstoneRetention, &c.TombstoneRetention}} {
 		if v := getenv(d.name); v != "" {
 			p, err := time.ParseDuration(v)
 			if err != nil || p <= 0 {
@@ -144,6 +157,9 @@ func configFromEnv(getenv func(string) string) (config, error) {
 		if d == 0 {
 			c.CommitWindow = -1
 		}
+	}
+	if c.Retention == 0 {
+		c.Retention = pruner.DefaultRetention
 	}
 	c.CrashPoint = getenv(envCrashPoint)
 	if v := getenv(envInsecureOpenAPI); v != "" {
