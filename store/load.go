@@ -32,7 +32,7 @@ func loadWith(ctx context.Context, q querier, key string) (events.Operation, err
 		return events.Operation{}, fmt.Errorf("loading operation %s: %w", key, interpretError(err))
 	}
 	if pruned {
-		return events.Operation{}, decodeTombstone(key, record)
+		return events.Operation{}, prunedError(ctx, q, key)
 	}
 	var op events.Operation
 	if err := json.Unmarshal(record, &op); err != nil {

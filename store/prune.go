@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -105,20 +104,32 @@ func AsPruned(err error) (Tombstone, bool) {
 	return Tombstone{}, false
 }
 
-// tombstoneRecord is the record column of a tombstone. The tombstone sits
-// under its own member, so record->>'downstream_id' is null and the
-// operations_downstream_id index (callbacks by the downstream's id) drops
-// it: a callback about a pruned operation finds nothing to change.
-type tombstoneRecord struct {
-	Tombstone *Tombstone `json:"tombstone"`
-}
+// A tombstone's record column holds only what the row's columns do not:
+// {"tombstone": {"principal", "downstream_id", "seq"}}. The key, tool,
+// effect class, payload hash and status stay in their columns, updated_at
+// is when it settled, pruned_at when it was pruned; a tombstone row is about
+// half the size of a live one. The members sit under "tombstone", so
+// record->>'downstream_id' is null and the operations_downstream_id index
+// (callbacks by the downstream's id) drops it: a callback about a pruned
+// operation finds nothing to change.
+const tombstonesSQL = `SELECT operation_key, tool, effect_class, payload_hash, status, created_at, updated_at, pruned_at,
+       coalesce(record #>> '{tombstone,principal}', ''), coalesce(record #>> '{tombstone,downstream_id}', ''),
+       coalesce((record #>> '{tombstone,seq}')::bigint, 0)
+  FROM operations WHERE operation_key = ANY($1) AND pruned_at IS NOT NULL`
 
-func decodeTombstone(key string, record []byte) error {
-	var r tombstoneRecord
-	if err := json.Unmarshal(record, &r); err != nil || r.Tombstone == nil {
-		return fmt.Errorf("loading operation %s: decoding its tombstone: %w", key, errors.Join(err, errors.New("no tombstone in the record")))
+// prunedError loads the tombstone of key for Load, which found the row
+// pruned: a second read, on a path that is rare by construction.
+func prunedError(ctx context.Context, q querier, key string) error {
+	ts, err := tombstones(ctx, q, []string{key})
+	if err != nil {
+		return fmt.Errorf("loading operation %s: %w", key, err)
 	}
-	return &PrunedError{Tombstone: *r.Tombstone}
+	t, ok := ts[key]
+	if !ok {
+		// Expired between the two reads.
+		return fmt.Errorf("loading operation %s: %w", key, ErrNotFound)
+	}
+	return &PrunedError{Tombstone: t}
 }
 
 // Tombstones returns the tombstones among keys.
@@ -132,22 +143,21 @@ func TombstonesTx(ctx context.Context, tx pgx.Tx, keys []string) (map[string]Tom
 }
 
 func tombstones(ctx context.Context, q querier, keys []string) (map[string]Tombstone, error) {
-	rows, err := q.Query(ctx, `SELECT operation_key, record FROM operations
-		WHERE operation_key = ANY($1) AND pruned_at IS NOT NULL`, keys)
+	rows, err := q.Query(ctx, tombstonesSQL, keys)
 	if err != nil {
 		return nil, fmt.Errorf("loading tombstones: %w", interpretError(err))
 	}
 	defer rows.Close()
 	out := map[string]Tombstone{}
 	for rows.Next() {
-		var key string
-		var record []byte
-		if err := rows.Scan(&key, &record); err != nil {
+		var t Tombstone
+		var class, status string
+		if err := rows.Scan(&t.OperationKey, &t.Tool, &class, &t.PayloadHash, &status, &t.CreatedAt, &t.SettledAt,
+			&t.PrunedAt, &t.Principal, &t.DownstreamID, &t.Seq); err != nil {
 			return nil, fmt.Errorf("loading tombstones: %w", err)
 		}
-		if t, ok := AsPruned(decodeTombstone(key, record)); ok {
-			out[key] = t
-		}
+		t.EffectClass, t.Status = events.EffectClass(class), events.Status(status)
+		out[t.OperationKey] = t
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("loading tombstones: %w", interpretError(err))
@@ -182,11 +192,8 @@ WITH victims AS (
 ), tomb AS (
     UPDATE operations o
        SET pruned_at = $4, seq = o.seq + 1, lease_until = NULL, due_at = NULL,
-           record = jsonb_build_object('tombstone', jsonb_build_object(
-               'operation_key', o.operation_key, 'tool', o.tool, 'effect_class', o.effect_class,
-               'payload_hash', o.payload_hash, 'principal', coalesce(o.record->>'principal', ''),
-               'status', o.status, 'downstream_id', coalesce(o.record->>'downstream_id', ''), 'seq', o.seq,
-               'created_at', o.created_at, 'settled_at', o.updated_at, 'pruned_at', $4::timestamptz))
+           record = jsonb_build_object('tombstone', jsonb_strip_nulls(jsonb_build_object(
+               'principal', o.record->'principal', 'downstream_id', o.record->'downstream_id', 'seq', o.seq)))
       FROM victims v
      WHERE o.operation_key = v.operation_key
     RETURNING o.operation_key
