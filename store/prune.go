@@ -32,9 +32,11 @@ import (
 // tombstone therefore stays in operations: pruning updates the head row in
 // place and never deletes it, so the primary key that claims a new
 // operation is held by the same row throughout, live or tombstone. An
-// insert racing the prune waits for the row lock and then conflicts, as it
-// would have on the live row; no ordering of the two statements lets a
-// duplicate through. (TestPruneRacesLateDuplicates runs them together.)
+// insert racing the prune finds the key taken whichever version of the row
+// its unique check meets (the live one, being updated, or the tombstone) and
+// conflicts, as it would have on the live row; no ordering of the two
+// statements lets a duplicate through. (TestPruneRacesLateDuplicates runs
+// them together.)
 //
 // The prune also moves seq one past the last event, and every append is
 // conditional on the seq its writer read: a writer that loaded the live
