@@ -162,17 +162,26 @@ func (s *Server) postIntent(w http.ResponseWriter, r *http.Request) {
 // depends only on it, never on which request came first.
 func (s *Server) answerExisting(ctx context.Context, w http.ResponseWriter, t tool.Tool, key, name, hash, principal string) {
 	op, err := s.store.Load(ctx, key)
-	if err != nil {
+	tomb, pruned := store.AsPruned(err)
+	if err != nil && !pruned {
 		s.fail(ctx, w, "loading the existing operation", key, err)
 		return
 	}
-	if op.Principal != principal {
+	owner := op.Principal
+	if pruned {
+		owner = tomb.Principal // a tombstone is scoped like the live record
+	}
+	if owner != principal {
 		// Another principal's key: neither its record nor its result, nor
 		// whether its args match, is this caller's to learn.
 		s.tel.intent(ctx, name, "key_in_use")
 		s.log.WarnContext(ctx, "intent rejected: operation key in use by another principal",
 			slog.String("operation_key", key), slog.String("tool", name), slog.String("principal", principal))
 		writeError(w, http.StatusConflict, codeKeyInUse, "this operation_key is in use by another principal")
+		return
+	}
+	if pruned {
+		s.answerTombstone(ctx, w, tomb, name, hash, principal)
 		return
 	}
 	trace.SpanFromContext(ctx).SetAttributes(attrStatus.String(string(op.Status)))

@@ -84,6 +84,14 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	op, err := s.store.Load(ctx, key)
+	if tomb, ok := store.AsPruned(err); ok {
+		if !s.mayRead(readerOf(ctx), events.Operation{Principal: tomb.Principal}) {
+			writeError(w, http.StatusNotFound, codeNotFound, "no operation with this key")
+			return
+		}
+		writeJSON(w, http.StatusOK, renderTombstone(tomb))
+		return
+	}
 	if errors.Is(err, store.ErrNotFound) || err == nil && !s.mayRead(readerOf(ctx), op) {
 		writeError(w, http.StatusNotFound, codeNotFound, "no operation with this key")
 		return

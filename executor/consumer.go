@@ -132,6 +132,12 @@ func (e *Executor) ensureIntent(ctx context.Context, msg *kafka.Message, env eve
 	}
 	for range maxConflicts {
 		op, err = e.store.Load(ctx, env.OperationKey)
+		if tomb, ok := store.AsPruned(err); ok {
+			// The operation settled long ago and was pruned (the claim
+			// above conflicted with its tombstone): never run it again.
+			e.prunedIntent(ctx, tomb, hash)
+			return op, false, nil
+		}
 		notFound := errors.Is(err, store.ErrNotFound)
 		if notFound || err == nil && op.Principal != intent.Principal {
 			if reason, why := e.refuseDirect(env, intent, !notFound); reason != "" {

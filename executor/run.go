@@ -155,6 +155,14 @@ func (e *Executor) record(ctx context.Context, claimed events.Operation, spec ev
 		switch {
 		case store.IsConflict(err):
 			cur, lerr := e.store.Load(ctx, claimed.Key)
+			if _, pruned := store.AsPruned(lerr); pruned {
+				// Settled and pruned while this call ran longer than the
+				// tool's dedup window: the journal that could keep the
+				// outcome as evidence is gone.
+				e.log.ErrorContext(ctx, "outcome of a pruned operation could not be journaled", "operation_key", claimed.Key,
+					"event_type", spec.typ, "attempt", spec.attempt)
+				return base
+			}
 			if lerr != nil {
 				err = lerr
 				break

@@ -36,6 +36,7 @@ type telemetry struct {
 	unknowns  metric.Int64Counter
 	journaled metric.Int64Counter
 	intents   metric.Int64Counter
+	pruned    metric.Int64Counter
 	e2e       metric.Float64Histogram
 	callTime  metric.Float64Histogram
 }
@@ -52,6 +53,8 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry,
 			Description: "Steps the executor journaled, by kind."},
 		metrics.Counter{Into: &t.intents, Name: "effectline.executor.intents_from_kafka",
 			Description: "Intents produced straight to Kafka and journaled by the executor."},
+		metrics.Counter{Into: &t.pruned, Name: "effectline.executor.pruned_intents",
+			Description: "Intent messages for pruned operations, by result (duplicate, payload_conflict); none runs."},
 	); err != nil {
 		return nil, err
 	}

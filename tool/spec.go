@@ -47,6 +47,10 @@ type Spec struct {
 	// ArgsSchema is the JSON Schema the args must match; empty accepts any
 	// JSON object.
 	ArgsSchema json.RawMessage
+	// DedupWindow is how long a settled operation of this tool keeps its
+	// events and record before it is pruned to a tombstone. Zero means the
+	// deployment's default (EFFECTLINE_RETENTION).
+	DedupWindow time.Duration
 
 	// schema and schemaDoc are ArgsSchema compiled and decoded, set by
 	// Prepare so that validation does not recompile per call.
@@ -75,6 +79,9 @@ func (s *Spec) Prepare() error {
 	}
 	if s.Timeout < 0 {
 		return fmt.Errorf("tool %q: timeout must not be negative", s.Name)
+	}
+	if s.DedupWindow < 0 {
+		return fmt.Errorf("tool %q: dedup_window must not be negative", s.Name)
 	}
 	if len(s.ArgsSchema) == 0 {
 		s.schema, s.schemaDoc = nil, nil

@@ -38,6 +38,7 @@ type toolEntry struct {
 	AllowedHosts      []string       `yaml:"allowed_hosts"`
 	DownstreamIDField string         `yaml:"downstream_id_field"`
 	MaxResponseBytes  *int64         `yaml:"max_response_bytes"`
+	DedupWindow       string         `yaml:"dedup_window"`
 }
 
 type endpointEntry struct {
@@ -58,7 +59,7 @@ type retryEntry struct {
 var knownKeys = map[string][]string{
 	"tool": {"name", "description", "effect", "invoke", "idempotency_header", "reconcile", "compensate",
 		"retry", "args_schema", "allowed_principals", "requires_approval", "signing_secret_env",
-		"allowed_hosts", "downstream_id_field", "max_response_bytes"},
+		"allowed_hosts", "downstream_id_field", "max_response_bytes", "dedup_window"},
 	"endpoint": {"method", "url", "timeout"},
 	"retry":    {"max_attempts", "base_delay", "max_delay", "deadline"},
 }
@@ -401,6 +402,18 @@ func (p *fileParser) build(id string, e *toolEntry) *HTTPTool {
 		}
 		t.maxBody = *e.MaxResponseBytes
 	}
+	var dedup time.Duration
+	if e.DedupWindow != "" {
+		d, err := time.ParseDuration(e.DedupWindow)
+		switch {
+		case err != nil:
+			p.fail(id, "dedup_window", fmt.Sprintf("not a duration: %q", e.DedupWindow), nil)
+		case d <= 0:
+			p.fail(id, "dedup_window", fmt.Sprintf("must be positive, got %s", e.DedupWindow), nil)
+		default:
+			dedup = d
+		}
+	}
 	if e.SigningSecretEnv != "" {
 		name := e.SigningSecretEnv
 		if !envName.MatchString(name) {
@@ -428,6 +441,7 @@ func (p *fileParser) build(id string, e *toolEntry) *HTTPTool {
 		CanCompensate:     t.compensate != nil,
 		Timeout:           t.invoke.timeout,
 		ArgsSchema:        schema,
+		DedupWindow:       dedup,
 	}
 	for _, u := range urls {
 		t.spec.pathArgs = append(t.spec.pathArgs, u.ut.pathArgs...)

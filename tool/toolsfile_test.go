@@ -138,6 +138,10 @@ func TestParseErrors(t *testing.T) {
 			nil, `tool "t": idempotency_header: not a valid header name`},
 		{"zero max_response_bytes", head + "    max_response_bytes: 0\n",
 			nil, `tool "t": max_response_bytes: must be positive`},
+		{"zero dedup_window", head + "    dedup_window: 0s\n",
+			nil, `tool "t": dedup_window: must be positive`},
+		{"dedup_window not a duration", head + "    dedup_window: a month\n",
+			nil, `tool "t": dedup_window: not a duration`},
 		{"empty principal", head + "    allowed_principals: [\"\"]\n",
 			nil, `tool "t": allowed_principals[0]: empty principal`},
 		{"wrong type", head + "    requires_approval: maybe\n",
@@ -214,6 +218,7 @@ tools:
     allowed_hosts: [api.example.com]
     downstream_id_field: ref
     max_response_bytes: 2048
+    dedup_window: 24h
     signing_secret_env: FULL_SECRET
     args_schema:
       type: object
@@ -237,7 +242,8 @@ tools:
 	ht := tl.(*HTTPTool)
 	s := ht.Spec()
 	if s.Caps.MaxAttempts != 7 || s.Caps.BaseDelay != 50*time.Millisecond || s.Caps.MaxDelay != policy.DefaultMaxDelay ||
-		!s.RequiresApproval || s.IdempotencyHeader != "X-Idempotency-Key" || s.Timeout != 1500*time.Millisecond {
+		!s.RequiresApproval || s.IdempotencyHeader != "X-Idempotency-Key" || s.Timeout != 1500*time.Millisecond ||
+		s.DedupWindow != 24*time.Hour {
 		t.Fatalf("spec = %+v", s)
 	}
 	if ht.invoke.method != "PATCH" || ht.reconcile.method != "POST" || ht.idField != "ref" || ht.maxBody != 2048 || ht.signer == nil {
@@ -245,6 +251,9 @@ tools:
 	}
 	if !ht.hostAllowed("api.example.com:8443", "api.example.com") || ht.hostAllowed("evil.example.com", "evil.example.com") {
 		t.Fatal("allowed_hosts by hostname")
+	}
+	if tl, _ := reg.Get("empty"); tl.Spec().DedupWindow != 0 {
+		t.Fatalf("dedup_window unset = %s, want 0 (the deployment's default)", tl.Spec().DedupWindow)
 	}
 	if tl, _ := reg.Get("empty"); len(tl.Spec().ArgsSchema) != 0 {
 		t.Fatalf("empty args_schema = %s", tl.Spec().ArgsSchema)

@@ -228,6 +228,12 @@ func (a *app) build(names []string) ([]component, error) {
 				return nil, err
 			}
 			out = append(out, component{name, r.Run})
+			// The pruner runs wherever the reconciler does (see prune.go).
+			pr, err := a.newPruner()
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, component{"pruner", pr.Run})
 		case componentAPI:
 			srv, err := a.buildAPI()
 			if err != nil {

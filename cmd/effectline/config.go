@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/effectline/effectline/cmd/effectline/ops"
+	"github.com/effectline/effectline/pruner"
 )
 
 // Environment variables the binary reads (contract, DESIGN §7). Only cmd
@@ -35,6 +36,11 @@ const (
 	// envKafkaInstanceID makes the process a static member of its consumer
 	// groups (kafka.Config.InstanceID): stable per replica, unique.
 	envKafkaInstanceID = "EFFECTLINE_KAFKA_INSTANCE_ID"
+	// envRetention is the dedup_window of tools that name none;
+	// envTombstoneRetention how long a pruned operation's tombstone is
+	// kept (unset: forever).
+	envRetention          = "EFFECTLINE_RETENTION"
+	envTombstoneRetention = "EFFECTLINE_TOMBSTONE_RETENTION"
 	// envCrashPoint makes the executor SIGKILL its own process at a named
 	// point (executor.Point*): for the crash-matrix tests only.
 	envCrashPoint        = "EFFECTLINE_CRASHPOINT"
@@ -52,6 +58,7 @@ var EnvVars = []string{
 	envInsecureOpenAPI, envExecutorLease, envSweepInterval, envCommitWindow,
 	ops.EnvAPIURL, ops.EnvAPIToken, // read by `effectline ops`, the API's client
 	envKafkaPrincipals, envKafkaInstanceID,
+	envRetention, envTombstoneRetention,
 }
 
 // Components that `effectline run --components` accepts.
@@ -98,6 +105,10 @@ type config struct {
 	KafkaPrincipals []string
 	// KafkaInstanceID is the static group membership id, or "".
 	KafkaInstanceID string
+	// Retention is the default dedup_window; TombstoneRetention zero keeps
+	// tombstones forever.
+	Retention          time.Duration
+	TombstoneRetention time.Duration
 }
 
 func configFromEnv(getenv func(string) string) (config, error) {
@@ -147,7 +158,8 @@ func configFromEnv(getenv func(string) string) (config, error) {
 	for _, d := range []struct {
 		name string
 		dst  *time.Duration
-	}{{envExecutorLease, &c.Lease}, {envSweepInterval, &c.SweepInterval}} {
+	}{{envExecutorLease, &c.Lease}, {envSweepInterval, &c.SweepInterval},
+		{envRetention, &c.Retention}, {envTombstoneRetention, &c.TombstoneRetention}} {
 		if v := getenv(d.name); v != "" {
 			p, err := time.ParseDuration(v)
 			if err != nil || p <= 0 {
@@ -165,6 +177,9 @@ func configFromEnv(getenv func(string) string) (config, error) {
 		if d == 0 {
 			c.CommitWindow = -1
 		}
+	}
+	if c.Retention == 0 {
+		c.Retention = pruner.DefaultRetention
 	}
 	c.CrashPoint = getenv(envCrashPoint)
 	if v := getenv(envInsecureOpenAPI); v != "" {

@@ -17,8 +17,16 @@ func TestConfigFromEnv(t *testing.T) {
 			t.Fatal(err)
 		}
 		if c.DatabaseURL != defaultDatabaseURL || c.HTTPAddr != defaultHTTPAddr || c.HTTPAddrSet ||
-			c.ShutdownGrace != defaultShutdownGrace || c.CommitWindow != 0 {
+			c.ShutdownGrace != defaultShutdownGrace || c.CommitWindow != 0 ||
+			c.Retention != 720*time.Hour || c.TombstoneRetention != 0 {
 			t.Fatalf("defaults: %+v", c)
+		}
+	})
+
+	t.Run("retention", func(t *testing.T) {
+		c, err := configFromEnv(env(map[string]string{envRetention: "24h", envTombstoneRetention: "8760h"}))
+		if err != nil || c.Retention != 24*time.Hour || c.TombstoneRetention != 8760*time.Hour {
+			t.Fatalf("retention: %+v, %v", c, err)
 		}
 	})
 
@@ -36,13 +44,15 @@ func TestConfigFromEnv(t *testing.T) {
 
 	t.Run("every bad value is named", func(t *testing.T) {
 		bad := map[string]string{
-			envKafkaPartitions:  "0",
-			envKafkaReplication: "many",
-			envShutdownGrace:    "-1s",
-			envExecutorLease:    "soon",
-			envSweepInterval:    "0",
-			envCommitWindow:     "2s",
-			envInsecureOpenAPI:  "maybe",
+			envKafkaPartitions:    "0",
+			envKafkaReplication:   "many",
+			envShutdownGrace:      "-1s",
+			envExecutorLease:      "soon",
+			envSweepInterval:      "0",
+			envCommitWindow:       "2s",
+			envInsecureOpenAPI:    "maybe",
+			envRetention:          "a month",
+			envTombstoneRetention: "0",
 		}
 		_, err := configFromEnv(env(bad))
 		if err == nil {
