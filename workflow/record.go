@@ -32,14 +32,14 @@ type Record struct {
 	// Awaiting is the operation the run waits on: a step's, or an undo's.
 	Awaiting string `json:"awaiting,omitempty"`
 	// Undo is what an unwind still has to undo, the one in force first.
-	Undo       []string                       `json:"undo,omitempty"`
-	Escalation *events.WorkflowEscalatedData  `json:"escalation,omitempty"`
-	Decisions  []events.WorkflowDecisionData  `json:"decisions,omitempty"`
-	Seq        int64                          `json:"seq"`
-	CreatedAt  time.Time                      `json:"created_at"`
-	UpdatedAt  time.Time                      `json:"updated_at"`
-	Events     []events.WorkflowEnvelope      `json:"events,omitempty"`
-	Operations map[string]OperationSummary    `json:"operations,omitempty"`
+	Undo       []string                      `json:"undo,omitempty"`
+	Escalation *events.WorkflowEscalatedData `json:"escalation,omitempty"`
+	Decisions  []events.WorkflowDecisionData `json:"decisions,omitempty"`
+	Seq        int64                         `json:"seq"`
+	CreatedAt  time.Time                     `json:"created_at"`
+	UpdatedAt  time.Time                     `json:"updated_at"`
+	Events     []events.WorkflowEnvelope     `json:"events,omitempty"`
+	Operations map[string]OperationSummary   `json:"operations,omitempty"`
 }
 
 // OperationSummary is what a workflow's reader sees of one of its

@@ -25,6 +25,7 @@ import (
 	"github.com/effectline/effectline/reconciler"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
+	"github.com/effectline/effectline/workflow"
 )
 
 // app is one effectline process: the shared plumbing (database pool, group
@@ -37,6 +38,7 @@ type app struct {
 	store     *store.Store
 	committer *store.Committer
 	tools     *tool.Registry
+	workflows *workflow.Service
 	kafka     kafka.Config
 	// open is dev mode without tokens: every request is the principal dev.
 	open bool
@@ -137,6 +139,10 @@ func newApp(ctx context.Context, o appOptions) (*app, error) {
 			a.tools = tool.NewRegistry()
 		}
 	}
+	if err := a.loadWorkflows(o); err != nil {
+		a.close(ctx)
+		return nil, err
+	}
 	a.kafka = kafka.Config{
 		Brokers: o.cfg.KafkaBrokers, TopicPrefix: o.cfg.TopicPrefix,
 		Partitions: o.cfg.Partitions, ReplicationFactor: o.cfg.Replication,
@@ -214,6 +220,12 @@ func (a *app) build(names []string) ([]component, error) {
 				return nil, err
 			}
 			out = append(out, component{name, r.Run})
+		case componentWorkflow:
+			c, err := a.workflowComponent()
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, c)
 		case componentAPI:
 			srv, err := a.buildAPI()
 			if err != nil {
@@ -280,7 +292,8 @@ func (a *app) buildAPI() (*api.Server, error) {
 		Metrics:    a.tel.MetricsHandler(),
 		Decider: decider{store: a.store, prefix: a.kafka.TopicPrefix,
 			tp: a.tel.TracerProvider(), mp: a.tel.MeterProvider()},
-		Webhooks: webhookAdapter{w: webhooks},
+		Webhooks:  webhookAdapter{w: webhooks},
+		Workflows: a.workflowsAPI(),
 	})
 	if err != nil {
 		return nil, err
