@@ -158,8 +158,12 @@ func TestWorkflowSaga(t *testing.T) {
 	h := &wfHarness{t: t, ctx: untilCtx(t, 5*time.Minute), base: "http://" + addr, fake: w.fake,
 		hc: &http.Client{Timeout: 30 * time.Second}}
 	waitFor(t, h.ctx, "the API to be ready", func() bool {
-		code, _ := h.do("GET", "/readyz", nil)
-		return code == http.StatusOK
+		resp, err := h.hc.Get(h.base + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
 	})
 	defer func() {
 		if t.Failed() {
