@@ -301,9 +301,15 @@ func build(e defEntry, reg *tool.Registry) (*Def, []error) {
 			case st.Effect == events.Compensable:
 				fail(sname, "undo_with", "a compensable step is undone with its tool's compensate")
 			}
-			// The undo may refer to this step's own result.
+			// The undo may refer to this step's own result. Without
+			// undo_args it gets the step's downstream id, what a refund
+			// or a cancellation usually needs.
 			self := maps(earlier, sname)
-			uargs, uerrs := compileArgs(jsonValue(anyMap(se.UndoArgs)).(map[string]any), self, "")
+			raw := se.UndoArgs
+			if raw == nil {
+				raw = map[string]any{"downstream_id": "{{.Steps." + sname + ".DownstreamID}}"}
+			}
+			uargs, uerrs := compileArgs(jsonValue(raw).(map[string]any), self, "")
 			for _, r := range uerrs {
 				fail(sname, "undo_args", r)
 			}
