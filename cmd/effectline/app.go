@@ -389,7 +389,7 @@ func (a *app) serveHealth(ctx context.Context) error {
 // runComponents is `effectline run`.
 func runComponents(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlags("run", stderr)
-	list := fs.String("components", "", "comma-separated: relay,executor,projector,reconciler,api")
+	list := fs.String("components", "", "comma-separated: relay,executor,projector,reconciler,workflow,api")
 	insecure := fs.Bool("insecure-open", false, "serve the API without tokens (every caller is the approver 'dev'); for closed networks only")
 	if err := parseFlags(fs, args); err != nil {
 		return err
