@@ -134,7 +134,7 @@ func newApp(ctx context.Context, o appOptions) (*app, error) {
 			}
 		case needsTools(o.components):
 			a.close(ctx)
-			return nil, fmt.Errorf("%s is required for the executor, reconciler and api: the path of the tools file", envTools)
+			return nil, fmt.Errorf("%s is required for the executor, reconciler, workflow and api: the path of the tools file", envTools)
 		default:
 			a.tools = tool.NewRegistry()
 		}
@@ -152,7 +152,7 @@ func newApp(ctx context.Context, o appOptions) (*app, error) {
 
 func needsTools(components []string) bool {
 	for _, c := range components {
-		if c == componentExecutor || c == componentReconciler || c == componentAPI {
+		if c == componentExecutor || c == componentReconciler || c == componentAPI || c == componentWorkflow {
 			return true
 		}
 	}
