@@ -16,6 +16,7 @@ func (s *Server) registerRoutes() {
 	s.HandleFunc("GET /v1/operations/{key}", s.getOperation, Authenticated)
 	s.decisionRoutes()
 	s.webhookRoutes()
+	s.workflowRoutes()
 	s.uiRoutes()
 
 	s.HandleFunc("GET /healthz", s.healthz, Public)

@@ -48,6 +48,9 @@ type Deps struct {
 	// Webhooks applies inbound tool callbacks, for POST /v1/webhooks/{source}
 	// (*reconciler.Webhooks). Nil: that route answers 503.
 	Webhooks WebhookHandler
+	// Workflows starts and reads workflow runs and records their decisions
+	// (*workflow.Service). Nil: the workflow routes answer 503.
+	Workflows Workflows
 }
 
 // Route is one registered route.
@@ -72,6 +75,7 @@ type Server struct {
 	metrics    http.Handler
 	ready      func(context.Context) error
 	decider    Decider
+	workflows  Workflows
 	webhooks   WebhookHandler
 	auth       *authenticator
 	tel        *telemetry
@@ -116,6 +120,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		metrics:    deps.Metrics,
 		ready:      deps.Ready,
 		decider:    deps.Decider,
+		workflows:  deps.Workflows,
 		webhooks:   deps.Webhooks,
 		auth:       newAuthenticator(cfg),
 		tel:        tel,

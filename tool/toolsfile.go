@@ -20,6 +20,9 @@ import (
 // The tools file (DESIGN §6). Its shape is contract; keys may be added.
 type toolsFile struct {
 	Tools []toolEntry `yaml:"tools"`
+	// Workflows are read and checked by package workflow, against the
+	// registry this file builds.
+	Workflows any `yaml:"workflows"`
 }
 
 type toolEntry struct {
@@ -141,6 +144,7 @@ func (p *fileParser) parse(data []byte) *Registry {
 		switch k := root.Content[i].Value; k {
 		case "tools":
 			toolsNode = root.Content[i+1]
+		case "workflows":
 		default:
 			p.fail("", k, "unknown key", nil)
 		}

@@ -26,6 +26,7 @@ import (
 	"github.com/effectline/effectline/reconciler"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
+	"github.com/effectline/effectline/workflow"
 )
 
 // app is one effectline process: the shared plumbing (database pool, group
@@ -38,6 +39,7 @@ type app struct {
 	store     *store.Store
 	committer *store.Committer
 	tools     *tool.Registry
+	workflows *workflow.Service
 	kafka     kafka.Config
 	// open is dev mode without tokens: every request is the principal dev.
 	open bool
@@ -133,10 +135,14 @@ func newApp(ctx context.Context, o appOptions) (*app, error) {
 			}
 		case needsTools(o.components):
 			a.close(ctx)
-			return nil, fmt.Errorf("%s is required for the executor, reconciler and api: the path of the tools file", envTools)
+			return nil, fmt.Errorf("%s is required for the executor, reconciler, workflow and api: the path of the tools file", envTools)
 		default:
 			a.tools = tool.NewRegistry()
 		}
+	}
+	if err := a.loadWorkflows(o); err != nil {
+		a.close(ctx)
+		return nil, err
 	}
 	a.kafka = kafka.Config{
 		Brokers: o.cfg.KafkaBrokers, TopicPrefix: o.cfg.TopicPrefix,
@@ -159,7 +165,7 @@ func (a *app) redactArgs(name string, args json.RawMessage) json.RawMessage {
 
 func needsTools(components []string) bool {
 	for _, c := range components {
-		if c == componentExecutor || c == componentReconciler || c == componentAPI {
+		if c == componentExecutor || c == componentReconciler || c == componentAPI || c == componentWorkflow {
 			return true
 		}
 	}
@@ -234,6 +240,12 @@ func (a *app) build(names []string) ([]component, error) {
 				return nil, err
 			}
 			out = append(out, component{"pruner", pr.Run})
+		case componentWorkflow:
+			c, err := a.workflowComponent()
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, c)
 		case componentAPI:
 			srv, err := a.buildAPI()
 			if err != nil {
@@ -299,7 +311,8 @@ func (a *app) buildAPI() (*api.Server, error) {
 		Metrics:    a.tel.MetricsHandler(),
 		Decider: reconciler.NewDecider(a.store, reconciler.WithTopicPrefix(a.kafka.TopicPrefix),
 			reconciler.WithTelemetry(a.tel.TracerProvider(), a.tel.MeterProvider())),
-		Webhooks: webhooks,
+		Webhooks:  webhooks,
+		Workflows: a.workflowsAPI(),
 	})
 	if err != nil {
 		return nil, err
@@ -395,7 +408,7 @@ func (a *app) serveHealth(ctx context.Context) error {
 // runComponents is `effectline run`.
 func runComponents(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlags("run", stderr)
-	list := fs.String("components", "", "comma-separated: relay,executor,projector,reconciler,api")
+	list := fs.String("components", "", "comma-separated: relay,executor,projector,reconciler,workflow,api")
 	insecure := fs.Bool("insecure-open", false, "serve the API without tokens (every caller is the approver 'dev'); for closed networks only")
 	if err := parseFlags(fs, args); err != nil {
 		return err

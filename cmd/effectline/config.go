@@ -68,10 +68,11 @@ const (
 	componentProjector  = "projector"
 	componentReconciler = "reconciler"
 	componentAPI        = "api"
+	componentWorkflow   = "workflow"
 )
 
 // Components lists every component in start order.
-var Components = []string{componentRelay, componentExecutor, componentProjector, componentReconciler, componentAPI}
+var Components = []string{componentRelay, componentExecutor, componentProjector, componentReconciler, componentWorkflow, componentAPI}
 
 // config is the process configuration, read from the environment and flags.
 type config struct {

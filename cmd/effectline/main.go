@@ -49,7 +49,7 @@ const usage = `effectline runs the side effects AI agents ask for, exactly once 
 
 Usage:
   effectline dev [--demo] [--tools FILE]       everything in one process, embedded Kafka-protocol broker
-  effectline run --components LIST             production: any of relay,executor,projector,reconciler,api
+  effectline run --components LIST             production: any of relay,executor,projector,reconciler,workflow,api
   effectline migrate                           apply the database schema
   effectline projector rebuild                 rebuild the operation_state read model from the event store
   effectline prune                             prune settled operations past their dedup_window to tombstones, now
