@@ -23,6 +23,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/internal/testenv/storedb"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
 )
@@ -187,10 +188,7 @@ type option func(*Config, *Deps)
 // committer, served by an httptest server.
 func setup(t *testing.T, opts ...option) *fixture {
 	t.Helper()
-	pool := testenv.NewPool(t, testenv.NewDatabase(t))
-	if _, err := store.Migrate(context.Background(), pool); err != nil {
-		t.Fatal(err)
-	}
+	pool := testenv.NewPool(t, storedb.New(t))
 	st := store.New(pool)
 	committer := st.NewCommitter(store.CommitterConfig{})
 	ctx, cancel := context.WithCancel(context.Background())

@@ -18,6 +18,7 @@ import (
 	"github.com/effectline/effectline/executor"
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/internal/testenv/storedb"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
 )
@@ -68,11 +69,8 @@ tools:
 
 func setup(t *testing.T, opts ...testenv.FakeOption) *env {
 	t.Helper()
-	pool := testenv.NewPool(t, testenv.NewDatabase(t))
+	pool := testenv.NewPool(t, storedb.New(t))
 	ctx := context.Background()
-	if _, err := store.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
 	broker := testenv.NewBroker(t)
 	kc := kafka.Config{Brokers: broker.Addrs, Partitions: 3}
 	if err := kafka.EnsureTopics(ctx, kc); err != nil {

@@ -26,6 +26,7 @@ import (
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/internal/testenv/storedb"
 	"github.com/effectline/effectline/reconciler"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
@@ -86,10 +87,7 @@ type env struct {
 
 func setup(t *testing.T, opts ...testenv.FakeOption) *env {
 	t.Helper()
-	pool := testenv.NewPool(t, testenv.NewDatabase(t))
-	if _, err := store.Migrate(context.Background(), pool); err != nil {
-		t.Fatal(err)
-	}
+	pool := testenv.NewPool(t, storedb.New(t))
 	fake := testenv.NewFakeTool(t, opts...)
 	secrets := map[string]string{charge: newSecret(t), reserve: newSecret(t)}
 	vars := map[string]string{"CHARGE_SECRET": secrets[charge], "RESERVE_SECRET": secrets[reserve]}
