@@ -25,7 +25,7 @@ import (
 	"github.com/effectline/effectline/internal/testenv"
 	"github.com/effectline/effectline/internal/testenv/storedb"
 	"github.com/effectline/effectline/store"
-	"github.com/effectline/effectline/tool"
+	"github.com/effectline/effectline/tool/httptool"
 )
 
 // TestMain checks, after every test ran, that each (method, route, status)
@@ -139,7 +139,7 @@ tools:
 // testTools is the real tool registry loaded from toolsFile.
 func testTools(t testing.TB) Tools {
 	t.Helper()
-	reg, err := tool.Parse([]byte(toolsFile), nil)
+	reg, err := httptool.Parse([]byte(toolsFile), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

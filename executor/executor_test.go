@@ -21,6 +21,7 @@ import (
 	"github.com/effectline/effectline/internal/testenv/storedb"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
+	"github.com/effectline/effectline/tool/httptool"
 )
 
 // env is one test's world: a fresh database, an embedded broker, a fake
@@ -79,7 +80,7 @@ func setup(t *testing.T, opts ...testenv.FakeOption) *env {
 	fake := testenv.NewFakeTool(t, opts...)
 	yaml := strings.ReplaceAll(toolsYAML, "{{.URL}}", fake.URL)
 	yaml = strings.ReplaceAll(yaml, `{{"{{.Key}}"}}`, "{{.Key}}")
-	reg, err := tool.Parse([]byte(yaml), os.Getenv)
+	reg, err := httptool.Parse([]byte(yaml), os.Getenv)
 	if err != nil {
 		t.Fatal(err)
 	}

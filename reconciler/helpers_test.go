@@ -30,6 +30,7 @@ import (
 	"github.com/effectline/effectline/reconciler"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
+	"github.com/effectline/effectline/tool/httptool"
 )
 
 // Tool names of the test registry, one per effect class, all served by one
@@ -91,7 +92,7 @@ func setup(t *testing.T, opts ...testenv.FakeOption) *env {
 	fake := testenv.NewFakeTool(t, opts...)
 	secrets := map[string]string{charge: newSecret(t), reserve: newSecret(t)}
 	vars := map[string]string{"CHARGE_SECRET": secrets[charge], "RESERVE_SECRET": secrets[reserve]}
-	reg, err := tool.Parse([]byte(strings.ReplaceAll(toolsYAML, "BASE", fake.URL)), func(k string) string { return vars[k] })
+	reg, err := httptool.Parse([]byte(strings.ReplaceAll(toolsYAML, "BASE", fake.URL)), func(k string) string { return vars[k] })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/effectline/effectline/cmd/effectline/app"
 	"github.com/effectline/effectline/cmd/effectline/demo"
 	"github.com/effectline/effectline/tool"
+	"github.com/effectline/effectline/tool/httptool"
 )
 
 // runDev is `effectline dev`: every component in one process, on an embedded
@@ -40,7 +41,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 			return fmt.Errorf("starting the demo tools: %w", err)
 		}
 		defer downstream.Close()
-		if registry, err = tool.Parse([]byte(downstream.ToolsYAML()), getenv); err != nil {
+		if registry, err = httptool.Parse([]byte(downstream.ToolsYAML()), getenv); err != nil {
 			return fmt.Errorf("demo tools: %w", err)
 		}
 		if cfg.ToolsFile != "" {

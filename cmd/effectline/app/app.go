@@ -28,6 +28,7 @@ import (
 	"github.com/effectline/effectline/reconciler"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
+	"github.com/effectline/effectline/tool/httptool"
 )
 
 // App is one effectline process: the shared plumbing (database pool, group
@@ -162,7 +163,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	if a.Tools == nil {
 		switch {
 		case o.Config.ToolsFile != "":
-			if a.Tools, err = tool.Load(o.Config.ToolsFile, o.Getenv); err != nil {
+			if a.Tools, err = httptool.Load(o.Config.ToolsFile, o.Getenv); err != nil {
 				a.Close(ctx)
 				return nil, err
 			}

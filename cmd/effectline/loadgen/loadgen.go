@@ -31,7 +31,7 @@ import (
 	"github.com/effectline/effectline/cmd/effectline/app"
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/outbox"
-	"github.com/effectline/effectline/tool"
+	"github.com/effectline/effectline/tool/httptool"
 )
 
 // Config is the load of one `effectline bench` run.
@@ -103,7 +103,7 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 		return err
 	}
 	defer sink.close()
-	reg, err := tool.Parse([]byte(sink.toolsYAML()), getenv)
+	reg, err := httptool.Parse([]byte(sink.toolsYAML()), getenv)
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package tool
+package httptool
 
 import (
 	"bytes"
@@ -9,6 +9,8 @@ import (
 	"strings"
 	"text/template"
 	"text/template/parse"
+
+	"github.com/effectline/effectline/tool"
 )
 
 // urlTemplate is a tool URL with text/template actions over templateData.
@@ -103,7 +105,7 @@ func parseURLTemplate(text string) (*urlTemplate, error) {
 }
 
 // render executes the template for one call and parses the result.
-func (ut *urlTemplate) render(c Call) (*url.URL, error) {
+func (ut *urlTemplate) render(c tool.Call) (*url.URL, error) {
 	data := templateData{Key: c.DownstreamKey, OperationKey: c.OperationKey, DownstreamID: c.DownstreamID}
 	if len(bytes.TrimSpace(c.Args)) > 0 {
 		dec := json.NewDecoder(bytes.NewReader(c.Args))
