@@ -19,6 +19,7 @@ import (
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/testenv"
 	"github.com/effectline/effectline/internal/testenv/storedb"
+	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
 	"github.com/effectline/effectline/tool/httptool"
@@ -92,8 +93,7 @@ func (e *env) start(mod ...func(*executor.Config)) {
 	e.t.Helper()
 	cfg := executor.Config{
 		Kafka: e.kafka, Lease: 5 * time.Second, PollInterval: 50 * time.Millisecond,
-		ShutdownGrace: time.Second, Logger: testLogger(e.t),
-		Now: func() time.Time { return time.Now().Add(time.Duration(e.skew.Load())) },
+		ShutdownGrace: time.Second, Base: service.Base{Logger: testLogger(e.t), Now: func() time.Time { return time.Now().Add(time.Duration(e.skew.Load())) }},
 	}
 	for _, m := range mod {
 		m(&cfg)

@@ -22,6 +22,7 @@ import (
 	"github.com/effectline/effectline/internal/testenv"
 	"github.com/effectline/effectline/internal/testenv/storedb"
 	"github.com/effectline/effectline/projector"
+	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/store"
 )
 
@@ -138,11 +139,10 @@ func (h *harness) start(group string, tweak ...func(*projector.Config)) *running
 	h.t.Helper()
 	reader := sdkmetric.NewManualReader()
 	cfg := projector.Config{
-		Kafka:         h.kafka,
-		Store:         h.store,
-		Group:         group,
-		Logger:        h.log,
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		Kafka: h.kafka,
+		Store: h.store,
+		Group: group,
+		Base:  service.Base{Logger: h.log, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 	}
 	for _, f := range tweak {
 		f(&cfg)

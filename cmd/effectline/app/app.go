@@ -26,6 +26,7 @@ import (
 	"github.com/effectline/effectline/outbox"
 	"github.com/effectline/effectline/projector"
 	"github.com/effectline/effectline/reconciler"
+	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
 	"github.com/effectline/effectline/tool/httptool"
@@ -212,7 +213,10 @@ type Component struct {
 // (not started) so dev can print its address before anything runs.
 func (a *App) build(names []string) ([]Component, error) {
 	var out []Component
-	tp, mp := a.Tel.TracerProvider(), a.Tel.MeterProvider()
+	mp := a.Tel.MeterProvider()
+	// One service base for every component: they log, trace and count
+	// into the process's telemetry.
+	base := service.Base{Logger: a.Log, TracerProvider: a.Tel.TracerProvider(), MeterProvider: mp}
 	for _, name := range names {
 		switch name {
 		case Relay:
@@ -220,7 +224,7 @@ func (a *App) build(names []string) ([]Component, error) {
 			if err != nil {
 				return nil, err
 			}
-			relay := outbox.NewRelay(a.Store, producer, outbox.RelayConfig{Logger: a.Log, TracerProvider: tp, MeterProvider: mp})
+			relay := outbox.NewRelay(a.Store, producer, outbox.RelayConfig{Base: base})
 			out = append(out, Component{name, func(ctx context.Context) error {
 				defer producer.Close()
 				return relay.Run(ctx)
@@ -229,7 +233,7 @@ func (a *App) build(names []string) ([]Component, error) {
 			x, err := executor.New(a.Store, a.Tools, executor.Config{
 				Kafka: a.Kafka, Committer: a.Committer, ShutdownGrace: a.Config.ShutdownGrace, Lease: a.Config.Lease,
 				CrashPoint: a.crashPoint,
-				Logger:     a.Log, TracerProvider: tp, MeterProvider: mp,
+				Base:       base,
 			})
 			if err != nil {
 				return nil, err
@@ -237,7 +241,7 @@ func (a *App) build(names []string) ([]Component, error) {
 			out = append(out, Component{name, x.Run})
 		case Projector:
 			p, err := projector.New(projector.Config{
-				Kafka: a.Kafka, Store: a.Store, Logger: a.Log, TracerProvider: tp, MeterProvider: mp,
+				Kafka: a.Kafka, Store: a.Store, Base: base,
 			})
 			if err != nil {
 				return nil, err
@@ -246,7 +250,7 @@ func (a *App) build(names []string) ([]Component, error) {
 		case Reconciler:
 			r, err := reconciler.New(a.Store, a.Tools, reconciler.Config{
 				Kafka: a.Kafka, Committer: a.Committer, SweepInterval: a.Config.SweepInterval,
-				Logger: a.Log, TracerProvider: tp, MeterProvider: mp,
+				Base: base,
 			})
 			if err != nil {
 				return nil, err
