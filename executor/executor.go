@@ -16,12 +16,9 @@ import (
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
 )
@@ -67,12 +64,9 @@ type Config struct {
 	// the process there. Nil in production.
 	CrashPoint func(point string)
 
-	Logger         *slog.Logger
-	TracerProvider trace.TracerProvider
-	MeterProvider  metric.MeterProvider
-	// Now and Rand are for tests.
-	Now  func() time.Time
-	Rand func() float64
+	// Base is where the component logs, traces and counts, and its clock
+	// and randomness; unset fields default (service.Base.WithDefaults).
+	service.Base
 }
 
 // WithDefaults fills unset fields.
@@ -99,21 +93,7 @@ func (c Config) WithDefaults() Config {
 	if c.ShutdownGrace <= 0 {
 		c.ShutdownGrace = 10 * time.Second
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.TracerProvider == nil {
-		c.TracerProvider = otel.GetTracerProvider()
-	}
-	if c.MeterProvider == nil {
-		c.MeterProvider = otel.GetMeterProvider()
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-	if c.Rand == nil {
-		c.Rand = rand.Float64
-	}
+	c.Base = c.Base.WithDefaults()
 	c.Kafka = c.Kafka.WithDefaults()
 	return c
 }
@@ -158,7 +138,7 @@ func New(st *store.Store, tools Tools, cfg Config) (*Executor, error) {
 	if st == nil || tools == nil {
 		return nil, errors.New("executor: a store and a tools registry are required")
 	}
-	tel, err := newTelemetry(cfg.TracerProvider, cfg.MeterProvider)
+	tel, err := newTelemetry(cfg.Base)
 	if err != nil {
 		return nil, fmt.Errorf("executor: %w", err)
 	}

@@ -18,8 +18,11 @@ import (
 	"github.com/effectline/effectline/executor"
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/internal/testenv/storedb"
+	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
+	"github.com/effectline/effectline/tool/httptool"
 )
 
 // env is one test's world: a fresh database, an embedded broker, a fake
@@ -68,11 +71,8 @@ tools:
 
 func setup(t *testing.T, opts ...testenv.FakeOption) *env {
 	t.Helper()
-	pool := testenv.NewPool(t, testenv.NewDatabase(t))
+	pool := testenv.NewPool(t, storedb.New(t))
 	ctx := context.Background()
-	if _, err := store.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
 	broker := testenv.NewBroker(t)
 	kc := kafka.Config{Brokers: broker.Addrs, Partitions: 3}
 	if err := kafka.EnsureTopics(ctx, kc); err != nil {
@@ -81,7 +81,7 @@ func setup(t *testing.T, opts ...testenv.FakeOption) *env {
 	fake := testenv.NewFakeTool(t, opts...)
 	yaml := strings.ReplaceAll(toolsYAML, "{{.URL}}", fake.URL)
 	yaml = strings.ReplaceAll(yaml, `{{"{{.Key}}"}}`, "{{.Key}}")
-	reg, err := tool.Parse([]byte(yaml), os.Getenv)
+	reg, err := httptool.Parse([]byte(yaml), os.Getenv)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,8 +93,7 @@ func (e *env) start(mod ...func(*executor.Config)) {
 	e.t.Helper()
 	cfg := executor.Config{
 		Kafka: e.kafka, Lease: 5 * time.Second, PollInterval: 50 * time.Millisecond,
-		ShutdownGrace: time.Second, Logger: testLogger(e.t),
-		Now: func() time.Time { return time.Now().Add(time.Duration(e.skew.Load())) },
+		ShutdownGrace: time.Second, Base: service.Base{Logger: testLogger(e.t), Now: func() time.Time { return time.Now().Add(time.Duration(e.skew.Load())) }},
 	}
 	for _, m := range mod {
 		m(&cfg)

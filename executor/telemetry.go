@@ -11,6 +11,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/metrics"
+	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/tool"
 )
 
@@ -41,9 +42,9 @@ type telemetry struct {
 	callTime  metric.Float64Histogram
 }
 
-func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
-	m := mp.Meter(instrumentation)
-	t := &telemetry{tracer: tp.Tracer(instrumentation)}
+func newTelemetry(base service.Base) (*telemetry, error) {
+	tracer, m := base.Instruments(instrumentation)
+	t := &telemetry{tracer: tracer}
 	if err := metrics.Counters(m,
 		metrics.Counter{Into: &t.attempts, Name: "effectline.attempts",
 			Description: "Tool calls finished, by tool, effect class and outcome."},

@@ -20,8 +20,10 @@ import (
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/internal/testenv/storedb"
 	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/projector"
+	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/store"
 )
 
@@ -50,7 +52,7 @@ func setup(t testing.TB) *harness {
 // setupPartitions is setup with topics of the given partition count.
 func setupPartitions(t testing.TB, partitions int32) *harness {
 	t.Helper()
-	return setupOn(t, testenv.NewDatabase(t), partitions)
+	return setupOn(t, storedb.New(t), partitions)
 }
 
 // setupOn is setupPartitions on the database at dbURL.
@@ -82,7 +84,7 @@ func (h *harness) closeProducer() {
 // setupDB is setup without Kafka, for the read side.
 func setupDB(t testing.TB) *harness {
 	t.Helper()
-	return setupDBOn(t, testenv.NewDatabase(t))
+	return setupDBOn(t, storedb.New(t))
 }
 
 func setupDBOn(t testing.TB, dbURL string) *harness {
@@ -138,11 +140,10 @@ func (h *harness) start(group string, tweak ...func(*projector.Config)) *running
 	h.t.Helper()
 	reader := sdkmetric.NewManualReader()
 	cfg := projector.Config{
-		Kafka:         h.kafka,
-		Store:         h.store,
-		Group:         group,
-		Logger:        h.log,
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		Kafka: h.kafka,
+		Store: h.store,
+		Group: group,
+		Base:  service.Base{Logger: h.log, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 	}
 	for _, f := range tweak {
 		f(&cfg)

@@ -24,14 +24,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/store"
 )
 
@@ -50,11 +49,9 @@ type Config struct {
 	Store *store.Store
 	// Group is the Kafka consumer group. Default DefaultGroup.
 	Group string
-	// Logger receives the projector's logs. Default slog.Default().
-	Logger *slog.Logger
-	// TracerProvider and MeterProvider default to the otel globals.
-	TracerProvider trace.TracerProvider
-	MeterProvider  metric.MeterProvider
+	// Base is where the component logs, traces and counts, and its clock
+	// and randomness; unset fields default (service.Base.WithDefaults).
+	service.Base
 	// MaxBatch caps the events one transaction folds. Default 512. Batches
 	// are bounded in practice by the partitions this replica owns, since
 	// each has one message in flight.
@@ -90,15 +87,7 @@ func (c Config) WithDefaults() Config {
 	if c.Group == "" {
 		c.Group = DefaultGroup
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.TracerProvider == nil {
-		c.TracerProvider = otel.GetTracerProvider()
-	}
-	if c.MeterProvider == nil {
-		c.MeterProvider = otel.GetMeterProvider()
-	}
+	c.Base = c.Base.WithDefaults()
 	if c.MaxBatch <= 0 {
 		c.MaxBatch = 512
 	}

@@ -26,10 +26,12 @@ import (
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/internal/testenv/storedb"
 	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/reconciler"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
+	"github.com/effectline/effectline/tool/httptool"
 )
 
 // Tool names of the test registry, one per effect class, all served by one
@@ -87,14 +89,11 @@ type env struct {
 
 func setup(t *testing.T, opts ...testenv.FakeOption) *env {
 	t.Helper()
-	pool := testenv.NewPool(t, testenv.NewDatabase(t))
-	if _, err := store.Migrate(context.Background(), pool); err != nil {
-		t.Fatal(err)
-	}
+	pool := testenv.NewPool(t, storedb.New(t))
 	fake := testenv.NewFakeTool(t, opts...)
 	secrets := map[string]string{charge: newSecret(t), reserve: newSecret(t)}
 	vars := map[string]string{"CHARGE_SECRET": secrets[charge], "RESERVE_SECRET": secrets[reserve]}
-	reg, err := tool.Parse([]byte(strings.ReplaceAll(toolsYAML, "BASE", fake.URL)), func(k string) string { return vars[k] })
+	reg, err := httptool.Parse([]byte(strings.ReplaceAll(toolsYAML, "BASE", fake.URL)), func(k string) string { return vars[k] })
 	if err != nil {
 		t.Fatal(err)
 	}

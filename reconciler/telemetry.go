@@ -10,6 +10,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/metrics"
+	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/tool"
 )
 
@@ -43,9 +44,9 @@ type telemetry struct {
 	e2e             metric.Float64Histogram
 }
 
-func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
-	m := mp.Meter(instrumentation)
-	t := &telemetry{tracer: tp.Tracer(instrumentation)}
+func newTelemetry(base service.Base) (*telemetry, error) {
+	tracer, m := base.Instruments(instrumentation)
+	t := &telemetry{tracer: tracer}
 	if err := metrics.Counters(m,
 		metrics.Counter{Into: &t.reconciliations, Name: "effectline.reconciliations",
 			Description: "Answers to \"did it happen?\", by tool and answer (found, absent, cannot_tell, cannot_ask)."},

@@ -21,6 +21,7 @@ import (
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/metrics"
 	"github.com/effectline/effectline/internal/traceparent"
+	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
 )
@@ -86,7 +87,7 @@ func NewWebhooks(st *store.Store, tools Tools, cfg WebhookConfig) (*Webhooks, er
 	if cfg.MeterProvider == nil {
 		cfg.MeterProvider = otel.GetMeterProvider()
 	}
-	tel, err := newTelemetry(cfg.TracerProvider, cfg.MeterProvider)
+	tel, err := newTelemetry(service.Base{TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider})
 	if err != nil {
 		return nil, fmt.Errorf("reconciler: %w", err)
 	}

@@ -157,6 +157,13 @@ func (s *Spec) ValidateArgs(args json.RawMessage) error {
 	return nil
 }
 
+// CheckSchema reports whether raw compiles as an args_schema, with the
+// same rules [Spec.Prepare] applies (no $ref leaves the document).
+func CheckSchema(raw json.RawMessage) error {
+	_, _, err := compileSchema(raw)
+	return err
+}
+
 // schemaURL names the one resource each args_schema compiler holds.
 const schemaURL = "urn:effectline:args_schema"
 

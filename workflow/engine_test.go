@@ -9,7 +9,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/tool"
+	"github.com/effectline/effectline/tool/httptool"
 )
 
 const engineFile = `tools:
@@ -36,7 +36,7 @@ workflows:
 
 func newEngine(t *testing.T) *engine {
 	t.Helper()
-	reg, err := tool.Parse([]byte(engineFile), nil)
+	reg, err := httptool.Parse([]byte(engineFile), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

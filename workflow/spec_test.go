@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/effectline/effectline/tool"
+	"github.com/effectline/effectline/tool/httptool"
 	"github.com/effectline/effectline/workflow"
 )
 
@@ -33,7 +33,7 @@ const specTools = `tools:
 func parse(t *testing.T, workflows string) (*workflow.Set, error) {
 	t.Helper()
 	file := specTools + workflows
-	reg, err := tool.Parse([]byte(file), nil)
+	reg, err := httptool.Parse([]byte(file), nil)
 	if err != nil {
 		t.Fatalf("the tools file with workflows must load: %v", err)
 	}

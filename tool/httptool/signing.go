@@ -1,4 +1,4 @@
-package tool
+package httptool
 
 import (
 	"crypto/rand"

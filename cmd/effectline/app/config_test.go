@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"strings"
@@ -12,19 +12,19 @@ func TestConfigFromEnv(t *testing.T) {
 	}
 
 	t.Run("defaults", func(t *testing.T) {
-		c, err := configFromEnv(env(nil))
+		c, err := FromEnv(env(nil))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c.DatabaseURL != defaultDatabaseURL || c.HTTPAddr != defaultHTTPAddr || c.HTTPAddrSet ||
-			c.ShutdownGrace != defaultShutdownGrace || c.CommitWindow != 0 ||
+		if c.DatabaseURL != DefaultDatabaseURL || c.HTTPAddr != DefaultHTTPAddr || c.HTTPAddrSet ||
+			c.ShutdownGrace != DefaultShutdownGrace || c.CommitWindow != 0 ||
 			c.Retention != 720*time.Hour || c.TombstoneRetention != 0 {
 			t.Fatalf("defaults: %+v", c)
 		}
 	})
 
 	t.Run("retention", func(t *testing.T) {
-		c, err := configFromEnv(env(map[string]string{envRetention: "24h", envTombstoneRetention: "8760h"}))
+		c, err := FromEnv(env(map[string]string{EnvRetention: "24h", EnvTombstoneRetention: "8760h"}))
 		if err != nil || c.Retention != 24*time.Hour || c.TombstoneRetention != 8760*time.Hour {
 			t.Fatalf("retention: %+v, %v", c, err)
 		}
@@ -32,29 +32,29 @@ func TestConfigFromEnv(t *testing.T) {
 
 	t.Run("commit window", func(t *testing.T) {
 		for v, want := range map[string]time.Duration{"7ms": 7 * time.Millisecond, "0": -1, "0s": -1} {
-			c, err := configFromEnv(env(map[string]string{envCommitWindow: v}))
+			c, err := FromEnv(env(map[string]string{EnvCommitWindow: v}))
 			if err != nil {
-				t.Fatalf("%s=%s: %v", envCommitWindow, v, err)
+				t.Fatalf("%s=%s: %v", EnvCommitWindow, v, err)
 			}
 			if c.CommitWindow != want {
-				t.Errorf("%s=%s: window %v, want %v", envCommitWindow, v, c.CommitWindow, want)
+				t.Errorf("%s=%s: window %v, want %v", EnvCommitWindow, v, c.CommitWindow, want)
 			}
 		}
 	})
 
 	t.Run("every bad value is named", func(t *testing.T) {
 		bad := map[string]string{
-			envKafkaPartitions:    "0",
-			envKafkaReplication:   "many",
-			envShutdownGrace:      "-1s",
-			envExecutorLease:      "soon",
-			envSweepInterval:      "0",
-			envCommitWindow:       "2s",
-			envInsecureOpenAPI:    "maybe",
-			envRetention:          "a month",
-			envTombstoneRetention: "0",
+			EnvKafkaPartitions:    "0",
+			EnvKafkaReplication:   "many",
+			EnvShutdownGrace:      "-1s",
+			EnvExecutorLease:      "soon",
+			EnvSweepInterval:      "0",
+			EnvCommitWindow:       "2s",
+			EnvInsecureOpenAPI:    "maybe",
+			EnvRetention:          "a month",
+			EnvTombstoneRetention: "0",
 		}
-		_, err := configFromEnv(env(bad))
+		_, err := FromEnv(env(bad))
 		if err == nil {
 			t.Fatal("no error")
 		}

@@ -1,4 +1,4 @@
-package tool
+package httptool
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
 	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/tool"
 )
 
 // newTool loads a one-tool registry from YAML in which {{BASE}} stands for
@@ -98,7 +99,7 @@ func TestInvokeStatuses(t *testing.T) {
 		t.Run(fmt.Sprintf("%d_%s", tt.status, tt.retryAfter), func(t *testing.T) {
 			t.Parallel()
 			args := fmt.Sprintf(`{"status":%d,"retry_after":%q}`, tt.status, tt.retryAfter)
-			r := tl.Invoke(context.Background(), Call{OperationKey: "op", DownstreamKey: "op", Args: json.RawMessage(args)})
+			r := tl.Invoke(context.Background(), tool.Call{OperationKey: "op", DownstreamKey: "op", Args: json.RawMessage(args)})
 			if r.Outcome != tt.outcome || r.Kind != tt.kind || r.StatusCode != tt.status || r.RetryAfter != tt.wantAfter {
 				t.Fatalf("Invoke → %s/%s status %d retry-after %v (%v), want %s/%s %d %v",
 					r.Outcome, r.Kind, r.StatusCode, r.RetryAfter, r.Err, tt.outcome, tt.kind, tt.status, tt.wantAfter)
@@ -121,7 +122,7 @@ func TestInvokeRetryAfterHTTPDate(t *testing.T) {
 		w.WriteHeader(http.StatusTooManyRequests)
 	}))
 	t.Cleanup(srv.Close)
-	r := newTool(t, srv.URL, echoYAML, nil).Invoke(context.Background(), Call{DownstreamKey: "k"})
+	r := newTool(t, srv.URL, echoYAML, nil).Invoke(context.Background(), tool.Call{DownstreamKey: "k"})
 	if r.Outcome != events.Failed || r.Kind != events.Retryable || r.RetryAfter < time.Second || r.RetryAfter > 3*time.Second {
 		t.Fatalf("429 with an HTTP-date → %s/%s retry-after %v", r.Outcome, r.Kind, r.RetryAfter)
 	}
@@ -156,7 +157,7 @@ func TestInvokeLostResponse(t *testing.T) {
 				hijackAfterBody(t, w, r, tc.reset)
 			}))
 			t.Cleanup(srv.Close)
-			r := newTool(t, srv.URL, echoYAML, nil).Invoke(context.Background(), Call{DownstreamKey: "k", Args: json.RawMessage(`{"a":1}`)})
+			r := newTool(t, srv.URL, echoYAML, nil).Invoke(context.Background(), tool.Call{DownstreamKey: "k", Args: json.RawMessage(`{"a":1}`)})
 			if r.Outcome != events.Unknown || r.ErrorClass != tc.class {
 				t.Fatalf("lost response → %s/%s (%v), want unknown/%s", r.Outcome, r.ErrorClass, r.Err, tc.class)
 			}
@@ -183,10 +184,10 @@ func TestInvokeNoHiddenReplay(t *testing.T) {
 	t.Cleanup(srv.Close)
 	tl := newTool(t, srv.URL, echoYAML, nil)
 	// Warm the pool so the next request goes out on a reused connection.
-	if r := tl.Invoke(context.Background(), Call{DownstreamKey: "warm"}); r.Outcome != events.Succeeded {
+	if r := tl.Invoke(context.Background(), tool.Call{DownstreamKey: "warm"}); r.Outcome != events.Succeeded {
 		t.Fatalf("warm-up: %+v", r)
 	}
-	r := tl.Invoke(context.Background(), Call{DownstreamKey: "lose", Args: json.RawMessage(`{"a":1}`)})
+	r := tl.Invoke(context.Background(), tool.Call{DownstreamKey: "lose", Args: json.RawMessage(`{"a":1}`)})
 	if r.Outcome != events.Unknown {
 		t.Fatalf("lost response on a reused connection → %s/%s (%v), want unknown", r.Outcome, r.ErrorClass, r.Err)
 	}
@@ -204,7 +205,7 @@ func TestInvokeStalledServer(t *testing.T) {
 	t.Cleanup(srv.Close)
 	tl := newTool(t, srv.URL, strings.Replace(echoYAML, "timeout: 10s}", "timeout: 150ms}", 1), nil)
 	start := time.Now()
-	r := tl.Invoke(context.Background(), Call{DownstreamKey: "k"})
+	r := tl.Invoke(context.Background(), tool.Call{DownstreamKey: "k"})
 	if r.Outcome != events.Unknown || r.ErrorClass != "timeout_after_send" {
 		t.Fatalf("stalled server → %s/%s (%v), want unknown/timeout_after_send", r.Outcome, r.ErrorClass, r.Err)
 	}
@@ -221,7 +222,7 @@ func TestInvokeConnectionRefused(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	r := newTool(t, "http://"+addr, echoYAML, nil).Invoke(context.Background(), Call{DownstreamKey: "k"})
+	r := newTool(t, "http://"+addr, echoYAML, nil).Invoke(context.Background(), tool.Call{DownstreamKey: "k"})
 	if r.Outcome != events.Failed || r.Kind != events.Retryable || r.ErrorClass != "connection_refused" {
 		t.Fatalf("closed port → %s/%s/%s (%v), want failed/retryable/connection_refused", r.Outcome, r.Kind, r.ErrorClass, r.Err)
 	}
@@ -236,7 +237,7 @@ tools:
     invoke: {url: "http://effectline-test.invalid/effects", timeout: 5s}
     allowed_hosts: [effectline-test.invalid]
 `
-	r := newTool(t, "", yml, nil).Invoke(context.Background(), Call{DownstreamKey: "k"})
+	r := newTool(t, "", yml, nil).Invoke(context.Background(), tool.Call{DownstreamKey: "k"})
 	if r.Outcome != events.Failed || r.Kind != events.Retryable || r.ErrorClass != "dns" {
 		t.Fatalf(".invalid host → %s/%s/%s (%v), want failed/retryable/dns", r.Outcome, r.Kind, r.ErrorClass, r.Err)
 	}
@@ -252,7 +253,7 @@ func TestInvokeTLSHandshakeFailure(t *testing.T) {
 	// The tool does not trust the test server's certificate. The first
 	// verification loads the system roots, which is slow under -race: give
 	// it time, so that the failure seen is the handshake's.
-	r := newTool(t, srv.URL, strings.Replace(echoYAML, "timeout: 10s}", "timeout: 30s}", 1), nil).Invoke(context.Background(), Call{DownstreamKey: "k"})
+	r := newTool(t, srv.URL, strings.Replace(echoYAML, "timeout: 10s}", "timeout: 30s}", 1), nil).Invoke(context.Background(), tool.Call{DownstreamKey: "k"})
 	if r.Outcome != events.Failed || r.Kind != events.Retryable || r.ErrorClass != "tls_handshake" || calls.Load() != 0 {
 		t.Fatalf("untrusted certificate → %s/%s/%s (%v), %d calls", r.Outcome, r.Kind, r.ErrorClass, r.Err, calls.Load())
 	}
@@ -268,7 +269,7 @@ func TestInvokeRedirectRefused(t *testing.T) {
 	mux.HandleFunc("/elsewhere", func(w http.ResponseWriter, r *http.Request) { followed.Store(true) })
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
-	r := newTool(t, srv.URL, echoYAML, nil).Invoke(context.Background(), Call{DownstreamKey: "k"})
+	r := newTool(t, srv.URL, echoYAML, nil).Invoke(context.Background(), tool.Call{DownstreamKey: "k"})
 	if r.Outcome != events.Unknown || r.ErrorClass != "redirect_refused" || r.StatusCode != 307 || followed.Load() {
 		t.Fatalf("redirect → %s/%s status %d followed=%v (%v)", r.Outcome, r.ErrorClass, r.StatusCode, followed.Load(), r.Err)
 	}
@@ -285,12 +286,12 @@ func TestInvokeOversizedResponse(t *testing.T) {
 	t.Cleanup(srv.Close)
 	yml := echoYAML + "    max_response_bytes: 100\n"
 	tl := newTool(t, srv.URL, yml, nil)
-	r := tl.Invoke(context.Background(), Call{DownstreamKey: "k"})
+	r := tl.Invoke(context.Background(), tool.Call{DownstreamKey: "k"})
 	if r.Outcome != events.Unknown || r.ErrorClass != "response_too_large" || r.StatusCode != 200 {
 		t.Fatalf("oversized 200 → %s/%s status %d (%v)", r.Outcome, r.ErrorClass, r.StatusCode, r.Err)
 	}
 	// A refusal is still a refusal, however long its explanation.
-	r = tl.Invoke(context.Background(), Call{DownstreamKey: "reject"})
+	r = tl.Invoke(context.Background(), tool.Call{DownstreamKey: "reject"})
 	if r.Outcome != events.Failed || r.Kind != events.Final {
 		t.Fatalf("oversized 400 → %s/%s (%v)", r.Outcome, r.Kind, r.Err)
 	}
@@ -302,7 +303,7 @@ func TestInvokeNonJSONBody(t *testing.T) {
 		_, _ = io.WriteString(w, "OK then")
 	}))
 	t.Cleanup(srv.Close)
-	r := newTool(t, srv.URL, echoYAML, nil).Invoke(context.Background(), Call{DownstreamKey: "k"})
+	r := newTool(t, srv.URL, echoYAML, nil).Invoke(context.Background(), tool.Call{DownstreamKey: "k"})
 	if r.Outcome != events.Succeeded || string(r.Body) != `"OK then"` {
 		t.Fatalf("text body → %s %s", r.Outcome, r.Body)
 	}
@@ -374,7 +375,7 @@ tools:
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := Call{OperationKey: "op", DownstreamKey: "op", DownstreamID: "eff_1", Args: json.RawMessage(`{"sku":"A1"}`)}
+	c := tool.Call{OperationKey: "op", DownstreamKey: "op", DownstreamID: "eff_1", Args: json.RawMessage(`{"sku":"A1"}`)}
 	ids := map[string]bool{}
 	check := func(what string) {
 		t.Helper()
@@ -404,7 +405,7 @@ tools:
 		t.Fatalf("compensate: %+v", r)
 	}
 	check("compensate")
-	if rc := tl.Reconcile(context.Background(), c); rc.Answer != Found {
+	if rc := tl.Reconcile(context.Background(), c); rc.Answer != tool.Found {
 		t.Fatalf("reconcile: %+v", rc)
 	}
 	check("reconcile")
@@ -431,7 +432,7 @@ tools:
 `
 	tl := newTool(t, rec.srv.URL, yml, nil)
 	key := "order 7/x~c1&evil=1"
-	c := Call{OperationKey: "order 7/x", DownstreamKey: key, DownstreamID: "a/b c?", Args: json.RawMessage(`{"currency":"EUR","amount":12.50}`)}
+	c := tool.Call{OperationKey: "order 7/x", DownstreamKey: key, DownstreamID: "a/b c?", Args: json.RawMessage(`{"currency":"EUR","amount":12.50}`)}
 
 	if r := tl.Invoke(context.Background(), c); r.Outcome != events.Succeeded {
 		t.Fatalf("invoke: %+v", r)
@@ -466,7 +467,7 @@ tools:
 		t.Fatalf("compensate key header: %v", req.header)
 	}
 
-	if rc := tl.Reconcile(context.Background(), c); rc.Answer != Found || rc.DownstreamID != "eff_1" {
+	if rc := tl.Reconcile(context.Background(), c); rc.Answer != tool.Found || rc.DownstreamID != "eff_1" {
 		t.Fatalf("reconcile: %+v", rc)
 	}
 	req = rec.last(t)
@@ -511,12 +512,12 @@ tools:
 	tl := newTool(t, rec.srv.URL, yml, nil)
 	tests := []struct {
 		name  string
-		call  Call
+		call  tool.Call
 		class string
 	}{
-		{"forbidden principal", Call{Principal: "intruder", Args: json.RawMessage(`{"amount":1,"account":"a"}`)}, "forbidden"},
-		{"invalid args", Call{Principal: "billing-agent", Args: json.RawMessage(`{"amount":0,"account":"a"}`)}, "invalid_args"},
-		{"arg missing for the URL", Call{Principal: "billing-agent", Args: json.RawMessage(`{"amount":1}`)}, "url_template"},
+		{"forbidden principal", tool.Call{Principal: "intruder", Args: json.RawMessage(`{"amount":1,"account":"a"}`)}, "forbidden"},
+		{"invalid args", tool.Call{Principal: "billing-agent", Args: json.RawMessage(`{"amount":0,"account":"a"}`)}, "invalid_args"},
+		{"arg missing for the URL", tool.Call{Principal: "billing-agent", Args: json.RawMessage(`{"amount":1}`)}, "url_template"},
 	}
 	for _, tt := range tests {
 		r := tl.Invoke(context.Background(), tt.call)
@@ -542,11 +543,11 @@ tools:
     allowed_hosts: [` + strings.TrimPrefix(rec.srv.URL, "http://") + `]
 `
 	tl := newTool(t, "", yml, nil)
-	ok := tl.Invoke(context.Background(), Call{Args: json.RawMessage(`{"host":"` + strings.TrimPrefix(rec.srv.URL, "http://") + `"}`)})
+	ok := tl.Invoke(context.Background(), tool.Call{Args: json.RawMessage(`{"host":"` + strings.TrimPrefix(rec.srv.URL, "http://") + `"}`)})
 	if ok.Outcome != events.Succeeded {
 		t.Fatalf("allowed host: %+v", ok)
 	}
-	r := tl.Invoke(context.Background(), Call{Args: json.RawMessage(`{"host":"169.254.169.254"}`)})
+	r := tl.Invoke(context.Background(), tool.Call{Args: json.RawMessage(`{"host":"169.254.169.254"}`)})
 	if r.Outcome != events.Failed || r.Kind != events.Final || r.ErrorClass != "host_not_allowed" {
 		t.Fatalf("other host → %s/%s/%s (%v)", r.Outcome, r.Kind, r.ErrorClass, r.Err)
 	}
@@ -577,25 +578,25 @@ func TestReconcileAnswers(t *testing.T) {
 	tl := newTool(t, srv.URL, strings.Replace(echoYAML, `{{.Key}}", timeout: 10s}`, `{{.Key}}", timeout: 150ms}`, 1), nil)
 	tests := []struct {
 		key    string
-		answer Answer
+		answer tool.Answer
 		class  string
 	}{
-		{"done", Found, ""},
-		{"absent", Absent, ""},
-		{"broken", CannotTell, "http_500"},
-		{"busy", CannotTell, "http_503"},
-		{"forbidden", CannotTell, "http_403"},
-		{"lost", CannotTell, "eof"},
-		{"slow", CannotTell, "timeout_after_send"},
+		{"done", tool.Found, ""},
+		{"absent", tool.Absent, ""},
+		{"broken", tool.CannotTell, "http_500"},
+		{"busy", tool.CannotTell, "http_503"},
+		{"forbidden", tool.CannotTell, "http_403"},
+		{"lost", tool.CannotTell, "eof"},
+		{"slow", tool.CannotTell, "timeout_after_send"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.key, func(t *testing.T) {
 			t.Parallel()
-			rc := tl.Reconcile(context.Background(), Call{DownstreamKey: tt.key})
+			rc := tl.Reconcile(context.Background(), tool.Call{DownstreamKey: tt.key})
 			if rc.Answer != tt.answer || rc.ErrorClass != tt.class {
 				t.Fatalf("reconcile %s → %s/%s (%v), want %s/%s", tt.key, rc.Answer, rc.ErrorClass, rc.Err, tt.answer, tt.class)
 			}
-			if tt.answer == Found && (rc.DownstreamID != "ch_9" || !strings.Contains(string(rc.Body), `"done"`)) {
+			if tt.answer == tool.Found && (rc.DownstreamID != "ch_9" || !strings.Contains(string(rc.Body), `"done"`)) {
 				t.Fatalf("found: %+v", rc)
 			}
 		})
@@ -604,7 +605,7 @@ func TestReconcileAnswers(t *testing.T) {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := ln.Addr().String()
 	ln.Close()
-	if rc := newTool(t, "http://"+addr, echoYAML, nil).Reconcile(context.Background(), Call{DownstreamKey: "k"}); rc.Answer != CannotTell || rc.ErrorClass != "connection_refused" {
+	if rc := newTool(t, "http://"+addr, echoYAML, nil).Reconcile(context.Background(), tool.Call{DownstreamKey: "k"}); rc.Answer != tool.CannotTell || rc.ErrorClass != "connection_refused" {
 		t.Fatalf("refused → %+v", rc)
 	}
 }
@@ -621,10 +622,10 @@ tools:
 	if s := tl.Spec(); s.CanReconcile || s.CanCompensate {
 		t.Fatalf("spec claims abilities it lacks: %+v", s)
 	}
-	if rc := tl.Reconcile(context.Background(), Call{}); rc.Answer != CannotTell {
+	if rc := tl.Reconcile(context.Background(), tool.Call{}); rc.Answer != tool.CannotTell {
 		t.Fatalf("reconcile without a request: %+v", rc)
 	}
-	if r := tl.Compensate(context.Background(), Call{}); r.Outcome != events.Failed || r.Kind != events.Final {
+	if r := tl.Compensate(context.Background(), tool.Call{}); r.Outcome != events.Failed || r.Kind != events.Final {
 		t.Fatalf("compensate without a request: %+v", r)
 	}
 }

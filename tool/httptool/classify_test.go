@@ -1,4 +1,4 @@
-package tool
+package httptool
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/tool"
 )
 
 func TestClassifyStatus(t *testing.T) {
@@ -153,7 +154,7 @@ func TestClassifyTransportErrors(t *testing.T) {
 
 func TestWithBody(t *testing.T) {
 	t.Parallel()
-	ok := Result{Outcome: events.Succeeded, StatusCode: 200}
+	ok := tool.Result{Outcome: events.Succeeded, StatusCode: 200}
 	if r := withBody(ok, []byte(`{"id":"ch_1","n":2}`), nil, 100, "id"); r.Outcome != events.Succeeded || r.DownstreamID != "ch_1" || string(r.Body) != `{"id":"ch_1","n":2}` {
 		t.Errorf("json body = %+v", r)
 	}

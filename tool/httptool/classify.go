@@ -1,10 +1,9 @@
-package tool
+package httptool
 
 import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/tool"
 )
 
 var (
@@ -62,7 +62,7 @@ func (e *handshakeError) Unwrap() error { return e.err }
 //
 // Classify does not read the body; the HTTP tool does (and turns a 2xx whose
 // body cannot be read in full into Unknown).
-func Classify(resp *http.Response, err error, wroteRequest bool) Result {
+func Classify(resp *http.Response, err error, wroteRequest bool) tool.Result {
 	if err != nil {
 		r := classifyError(err, wroteRequest)
 		if resp != nil {
@@ -71,23 +71,23 @@ func Classify(resp *http.Response, err error, wroteRequest bool) Result {
 		return r
 	}
 	if resp == nil {
-		return unknown("no_response", errors.New("no response and no error"))
+		return tool.UnknownResult("no_response", errors.New("no response and no error"))
 	}
 	return classifyStatus(resp, time.Now())
 }
 
-func classifyStatus(resp *http.Response, now time.Time) Result {
+func classifyStatus(resp *http.Response, now time.Time) tool.Result {
 	code := resp.StatusCode
 	class := "http_" + strconv.Itoa(code)
 	statusErr := fmt.Errorf("downstream answered %s", statusText(code))
-	var r Result
+	var r tool.Result
 	switch {
 	case code >= 200 && code <= 299:
-		r = succeeded()
+		r = tool.SucceededResult()
 	case code == http.StatusTooManyRequests, code == http.StatusServiceUnavailable:
 		// The server says it did not take the request on, and when to come
 		// back: nothing happened.
-		r = failed(events.Retryable, class, statusErr)
+		r = tool.FailedResult(events.Retryable, class, statusErr)
 		if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), now); ok {
 			r.RetryAfter = d
 		}
@@ -95,13 +95,13 @@ func classifyStatus(resp *http.Response, now time.Time) Result {
 		// 400/422 validation or business rules, 401/403 credentials or
 		// configuration, 404/409 and the rest: a deliberate refusal that
 		// another identical request would meet again.
-		r = failed(events.Final, class, statusErr)
+		r = tool.FailedResult(events.Final, class, statusErr)
 	default:
 		// 500/502/504 and the rest of 5xx: the handler may have committed
 		// the effect before failing, or a gateway may have timed out on a
 		// backend that is still working. 3xx (redirects are not followed),
 		// 1xx and nonsense statuses confirm nothing either.
-		r = unknown(class, statusErr)
+		r = tool.UnknownResult(class, statusErr)
 	}
 	r.StatusCode = code
 	return r
@@ -114,30 +114,30 @@ func statusText(code int) string {
 	return strconv.Itoa(code)
 }
 
-func classifyError(err error, wrote bool) Result {
+func classifyError(err error, wrote bool) tool.Result {
 	switch {
 	case errors.Is(err, errRedirectRefused):
-		return unknown("redirect_refused", err)
+		return tool.UnknownResult("redirect_refused", err)
 	case errors.Is(err, errReplayRefused):
-		return unknown("connection_lost", err)
+		return tool.UnknownResult("connection_lost", err)
 	}
 	if !wrote {
 		if class, ok := neverSent(err); ok {
-			return failed(events.Retryable, class, err)
+			return tool.FailedResult(events.Retryable, class, err)
 		}
 	}
 	var netErr net.Error
 	switch {
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
-		return unknown("timeout_after_send", err)
+		return tool.UnknownResult("timeout_after_send", err)
 	case errors.Is(err, context.Canceled):
-		return unknown("canceled_after_send", err)
+		return tool.UnknownResult("canceled_after_send", err)
 	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE), errors.Is(err, syscall.ECONNABORTED):
-		return unknown("connection_reset", err)
+		return tool.UnknownResult("connection_reset", err)
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
-		return unknown("eof", err)
+		return tool.UnknownResult("eof", err)
 	}
-	return unknown("transport_error", err)
+	return tool.UnknownResult("transport_error", err)
 }
 
 // neverSent recognises errors that happen before a request can leave: name
@@ -205,7 +205,7 @@ func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 // answered with, so a 2xx whose body could not be read in full is Unknown
 // (the effect happened, but nothing storable says what it was). For other
 // statuses the status line has already decided and the body is diagnostic.
-func withBody(r Result, body []byte, readErr error, limit int64, idField string) Result {
+func withBody(r tool.Result, body []byte, readErr error, limit int64, idField string) tool.Result {
 	tooLarge := int64(len(body)) > limit
 	if tooLarge {
 		body = body[:limit]
@@ -213,7 +213,7 @@ func withBody(r Result, body []byte, readErr error, limit int64, idField string)
 	if r.Outcome == events.Succeeded {
 		switch {
 		case tooLarge:
-			u := unknown("response_too_large", fmt.Errorf("response body exceeds %d bytes", limit))
+			u := tool.UnknownResult("response_too_large", fmt.Errorf("response body exceeds %d bytes", limit))
 			u.StatusCode = r.StatusCode
 			return u
 		case readErr != nil:
@@ -225,45 +225,9 @@ func withBody(r Result, body []byte, readErr error, limit int64, idField string)
 	if tooLarge || readErr != nil {
 		return r // diagnostic only; a truncated body is not worth keeping
 	}
-	r.Body = asJSON(body)
+	r.Body = tool.JSONBody(body)
 	if r.Outcome == events.Succeeded {
-		r.DownstreamID = idFrom(r.Body, idField)
+		r.DownstreamID = tool.BodyField(r.Body, idField)
 	}
 	return r
-}
-
-// asJSON returns body if it is JSON, else body as a JSON string; empty is nil.
-func asJSON(body []byte) json.RawMessage {
-	if len(strings.TrimSpace(string(body))) == 0 {
-		return nil
-	}
-	if json.Valid(body) {
-		return json.RawMessage(append([]byte(nil), body...))
-	}
-	s, _ := json.Marshal(string(body)) // invalid UTF-8 becomes U+FFFD
-	return s
-}
-
-// idFrom reads a top-level string or number field from a JSON object.
-func idFrom(body json.RawMessage, field string) string {
-	if field == "" || len(body) == 0 || body[0] != '{' {
-		return ""
-	}
-	var obj map[string]json.RawMessage
-	if json.Unmarshal(body, &obj) != nil {
-		return ""
-	}
-	raw, ok := obj[field]
-	if !ok {
-		return ""
-	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		return s
-	}
-	var n json.Number
-	if json.Unmarshal(raw, &n) == nil {
-		return n.String()
-	}
-	return ""
 }

@@ -1,4 +1,4 @@
-package tool
+package httptool
 
 import (
 	"bytes"
@@ -9,6 +9,8 @@ import (
 	"strings"
 	"text/template"
 	"text/template/parse"
+
+	"github.com/effectline/effectline/tool"
 )
 
 // urlTemplate is a tool URL with text/template actions over templateData.
@@ -104,7 +106,7 @@ func parseURLTemplate(text string) (*urlTemplate, error) {
 }
 
 // render executes the template for one call and parses the result.
-func (ut *urlTemplate) render(c Call) (*url.URL, error) {
+func (ut *urlTemplate) render(c tool.Call) (*url.URL, error) {
 	data := templateData{Key: c.DownstreamKey, OperationKey: c.OperationKey, DownstreamID: c.DownstreamID}
 	if len(bytes.TrimSpace(c.Args)) > 0 {
 		dec := json.NewDecoder(bytes.NewReader(c.Args))
@@ -183,45 +185,6 @@ func argsField(n *parse.ActionNode) []string {
 		return nil
 	}
 	return f.Ident[1:]
-}
-
-// checkPathArgs refuses args that would render a path segment of their
-// own as "", "." or "..": /orders/{{.Args.order}} with order ".." is
-// /orders/.., which a receiver that normalizes paths serves as the parent
-// collection. path escaping leaves dots alone, and an empty value leaves an
-// empty segment, so the values themselves are refused, at intake, before
-// any request is built. It returns the JSON pointer of the offending arg.
-func checkPathArgs(pathArgs [][]string, args json.RawMessage) (field string, err error) {
-	if len(pathArgs) == 0 {
-		return "", nil
-	}
-	var doc map[string]any
-	dec := json.NewDecoder(bytes.NewReader(args))
-	dec.UseNumber()
-	if dec.Decode(&doc) != nil {
-		return "", nil // not an object: the shape check says so
-	}
-	for _, p := range pathArgs {
-		var v any = doc
-		for _, name := range p {
-			m, ok := v.(map[string]any)
-			if !ok {
-				v = nil
-				break
-			}
-			if v, ok = m[name]; !ok {
-				break
-			}
-		}
-		if v == nil {
-			continue // absent: rendering refuses it (missingkey=error)
-		}
-		switch fmt.Sprint(v) {
-		case "", ".", "..":
-			return "/" + strings.Join(p, "/"), errors.New(`is rendered into a URL path segment, which must not be empty, "." or ".."`)
-		}
-	}
-	return "", nil
 }
 
 func escapeAction(tree *parse.Tree, n *parse.ActionNode, inQuery bool) {

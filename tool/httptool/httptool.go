@@ -1,4 +1,4 @@
-package tool
+package httptool
 
 import (
 	"bytes"
@@ -15,13 +15,13 @@ import (
 	"time"
 
 	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/tool"
 )
 
 // Defaults for tools file keys.
 const (
-	DefaultTimeout           = 10 * time.Second
-	DefaultMaxResponseBytes  = 1 << 20
-	DefaultDownstreamIDField = "id"
+	DefaultTimeout          = 10 * time.Second
+	DefaultMaxResponseBytes = 1 << 20
 )
 
 // endpoint is one of a tool's requests: invoke, compensate or reconcile.
@@ -35,7 +35,7 @@ type endpoint struct {
 // reconciles over HTTP, signs its requests, and classifies what comes back
 // (Classify). Build it with Parse or Load.
 type HTTPTool struct {
-	spec       Spec
+	spec       tool.Spec
 	invoke     endpoint
 	compensate *endpoint
 	reconcile  *endpoint
@@ -58,9 +58,9 @@ func (t *HTTPTool) SigningSecret() string {
 }
 
 var (
-	_ Tool        = (*HTTPTool)(nil)
-	_ Compensator = (*HTTPTool)(nil)
-	_ Reconciler  = (*HTTPTool)(nil)
+	_ tool.Tool        = (*HTTPTool)(nil)
+	_ tool.Compensator = (*HTTPTool)(nil)
+	_ tool.Reconciler  = (*HTTPTool)(nil)
 )
 
 // newHTTPClient builds the client of one tool.
@@ -92,15 +92,15 @@ func newHTTPClient() *http.Client {
 }
 
 // Spec returns the tool's spec.
-func (t *HTTPTool) Spec() *Spec { return &t.spec }
+func (t *HTTPTool) Spec() *tool.Spec { return &t.spec }
 
 // CloseIdleConnections closes the tool's idle keep-alive connections.
 func (t *HTTPTool) CloseIdleConnections() { t.client.CloseIdleConnections() }
 
 // Invoke runs one attempt: the args as the JSON body, the downstream key in
 // the idempotency header, signed when the tool has a secret.
-func (t *HTTPTool) Invoke(ctx context.Context, c Call) Result {
-	if r, ok := preflight(&t.spec, c); !ok {
+func (t *HTTPTool) Invoke(ctx context.Context, c tool.Call) tool.Result {
+	if r, ok := t.spec.Preflight(c); !ok {
 		return r
 	}
 	body := []byte(c.Args)
@@ -114,16 +114,16 @@ func (t *HTTPTool) Invoke(ctx context.Context, c Call) Result {
 // the attempt being undone, and the same key goes in the idempotency
 // header, so the downstream can find the effect (or see there is none) and
 // deduplicate a repeated undo.
-func (t *HTTPTool) Compensate(ctx context.Context, c Call) Result {
+func (t *HTTPTool) Compensate(ctx context.Context, c tool.Call) tool.Result {
 	if t.compensate == nil {
-		return failed(events.Final, "not_compensable", fmt.Errorf("tool %q has no compensate request", t.spec.Name))
+		return tool.FailedResult(events.Final, "not_compensable", fmt.Errorf("tool %q has no compensate request", t.spec.Name))
 	}
 	body, err := json.Marshal(struct {
 		IdempotencyKey string `json:"idempotency_key"`
 		DownstreamID   string `json:"downstream_id"`
 	}{c.DownstreamKey, c.DownstreamID})
 	if err != nil {
-		return failed(events.Final, "invalid_request", err)
+		return tool.FailedResult(events.Final, "invalid_request", err)
 	}
 	return t.call(ctx, *t.compensate, c, body)
 }
@@ -131,9 +131,9 @@ func (t *HTTPTool) Compensate(ctx context.Context, c Call) Result {
 // Reconcile asks "did the effect for this key happen?" (DESIGN §6): 2xx
 // means found (the body is the result), 404 absent, and anything else,
 // transport errors and timeouts included, cannot tell.
-func (t *HTTPTool) Reconcile(ctx context.Context, c Call) Reconciliation {
+func (t *HTTPTool) Reconcile(ctx context.Context, c tool.Call) tool.Reconciliation {
 	if t.reconcile == nil {
-		return Reconciliation{Answer: CannotTell, ErrorClass: "not_reconcilable",
+		return tool.Reconciliation{Answer: tool.CannotTell, ErrorClass: "not_reconcilable",
 			Err: fmt.Errorf("tool %q has no reconcile request", t.spec.Name)}
 	}
 	var body []byte
@@ -146,21 +146,21 @@ func (t *HTTPTool) Reconcile(ctx context.Context, c Call) Reconciliation {
 	r := t.call(ctx, *t.reconcile, c, body)
 	switch {
 	case r.Outcome == events.Succeeded:
-		return Reconciliation{Answer: Found, Body: r.Body, DownstreamID: r.DownstreamID}
+		return tool.Reconciliation{Answer: tool.Found, Body: r.Body, DownstreamID: r.DownstreamID}
 	case r.Outcome == events.Failed && r.StatusCode == http.StatusNotFound:
-		return Reconciliation{Answer: Absent, Body: r.Body}
+		return tool.Reconciliation{Answer: tool.Absent, Body: r.Body}
 	}
-	return Reconciliation{Answer: CannotTell, Body: r.Body, ErrorClass: r.ErrorClass, Err: r.Err}
+	return tool.Reconciliation{Answer: tool.CannotTell, Body: r.Body, ErrorClass: r.ErrorClass, Err: r.Err}
 }
 
 // call sends one request of endpoint ep and classifies the outcome.
-func (t *HTTPTool) call(ctx context.Context, ep endpoint, c Call, body []byte) Result {
+func (t *HTTPTool) call(ctx context.Context, ep endpoint, c tool.Call, body []byte) tool.Result {
 	u, err := ep.url.render(c)
 	if err != nil {
-		return failed(events.Final, "url_template", err)
+		return tool.FailedResult(events.Final, "url_template", err)
 	}
 	if !t.hostAllowed(u.Host, u.Hostname()) {
-		return failed(events.Final, "host_not_allowed",
+		return tool.FailedResult(events.Final, "host_not_allowed",
 			fmt.Errorf("tool %q: host %q is not in allowed_hosts", t.spec.Name, u.Host))
 	}
 	ctx, cancel := context.WithTimeout(ctx, ep.timeout)
@@ -172,7 +172,7 @@ func (t *HTTPTool) call(ctx context.Context, ep endpoint, c Call, body []byte) R
 	}
 	req, err := http.NewRequestWithContext(ctx, ep.method, u.String(), rdr)
 	if err != nil {
-		return failed(events.Final, "invalid_request", fmt.Errorf("building request: %w", err))
+		return tool.FailedResult(events.Final, "invalid_request", fmt.Errorf("building request: %w", err))
 	}
 	req.Header.Set("User-Agent", "effectline")
 	req.Header.Set("Accept", "application/json")
@@ -184,7 +184,7 @@ func (t *HTTPTool) call(ctx context.Context, ep endpoint, c Call, body []byte) R
 	}
 	if t.signer != nil {
 		if err := t.signer.sign(req.Header, body); err != nil {
-			return failed(events.Final, "signing", err)
+			return tool.FailedResult(events.Final, "signing", err)
 		}
 	}
 	return t.do(req, body)
@@ -194,7 +194,7 @@ func (t *HTTPTool) call(ctx context.Context, ep endpoint, c Call, body []byte) R
 // written so that a transport error can be told apart: before the write,
 // nothing left (Failed, retryable); after it, the server may have acted
 // (Unknown).
-func (t *HTTPTool) do(req *http.Request, body []byte) Result {
+func (t *HTTPTool) do(req *http.Request, body []byte) tool.Result {
 	var wrote, responded atomic.Bool
 	var handshake atomic.Pointer[error]
 	trace := &httptrace.ClientTrace{
@@ -248,17 +248,4 @@ func (t *HTTPTool) do(req *http.Request, body []byte) Result {
 
 func (t *HTTPTool) hostAllowed(host, hostname string) bool {
 	return t.allowedHosts[strings.ToLower(host)] || t.allowedHosts[strings.ToLower(hostname)]
-}
-
-// preflight runs the checks every tool makes before anything is sent: the
-// principal is still allowed, and the args match the schema. Both failures
-// are final: nothing was sent, and the same call would fail the same way.
-func preflight(s *Spec, c Call) (Result, bool) {
-	if err := s.Authorize(c.Principal); err != nil {
-		return failed(events.Final, "forbidden", err), false
-	}
-	if err := s.ValidateArgs(c.Args); err != nil {
-		return failed(events.Final, "invalid_args", err), false
-	}
-	return Result{}, true
 }

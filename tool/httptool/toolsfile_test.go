@@ -1,6 +1,8 @@
-package tool
+package httptool
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/policy"
+	"github.com/effectline/effectline/tool"
 )
 
 func TestLoadDesignExample(t *testing.T) {
@@ -41,7 +44,7 @@ func TestLoadDesignExample(t *testing.T) {
 	if !charge.allowedHosts["127.0.0.1:9000"] || len(charge.allowedHosts) != 1 {
 		t.Fatalf("allowed hosts default to the tool's own: %v", charge.allowedHosts)
 	}
-	if err := s.ValidateArgs([]byte(`{"amount":0,"currency":"EUR"}`)); !IsArgsError(err) {
+	if err := s.ValidateArgs([]byte(`{"amount":0,"currency":"EUR"}`)); !tool.IsArgsError(err) {
 		t.Fatalf("args_schema not applied: %v", err)
 	}
 
@@ -163,8 +166,8 @@ func TestParseErrors(t *testing.T) {
 			if !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("Parse error:\n%v\nwant it to contain:\n%s", err, tt.want)
 			}
-			var ce *ConfigError
-			if !errors.As(err, &ce) || !errors.Is(err, ErrInvalidConfig) {
+			var ce *tool.ConfigError
+			if !errors.As(err, &ce) || !errors.Is(err, tool.ErrInvalidConfig) {
 				t.Fatalf("error is not a *ConfigError: %#v", err)
 			}
 			if strings.Contains(err.Error(), "hunter2") || strings.Contains(err.Error(), "whsec_abc") && tt.name != "secret in place of the env var name" {
@@ -260,5 +263,21 @@ tools:
 	}
 	if _, err := Parse([]byte("tools: []\n"), nil); err != nil {
 		t.Fatalf("an empty list: %v", err)
+	}
+}
+
+// TestGoToolsShareTheRegistry: Go tools and the tools file's HTTP tools
+// live in one registry, and a Go tool cannot shadow a file tool.
+func TestGoToolsShareTheRegistry(t *testing.T) {
+	noop := func(context.Context, tool.Call) (json.RawMessage, error) { return nil, nil }
+	file, err := Load("testdata/tools.yaml", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := file.Register(tool.NewGoTool(tool.Spec{Name: "local.echo", Effect: events.Idempotent}, noop)); err != nil {
+		t.Fatal(err)
+	}
+	if err := file.Register(tool.NewGoTool(tool.Spec{Name: "payments.charge", Effect: events.Idempotent}, noop)); !errors.Is(err, tool.ErrDuplicateTool) {
+		t.Fatalf("a Go tool shadowed a file tool: %v", err)
 	}
 }

@@ -1,9 +1,11 @@
-package tool
+package httptool
 
 import (
 	"encoding/json"
 	"errors"
 	"testing"
+
+	"github.com/effectline/effectline/tool"
 )
 
 // TestPathArgsRefused: an arg printed into a URL path as a segment of its
@@ -36,7 +38,7 @@ tools:
 		{`{"order": "o-1", "shop": ".."}`, "/shop"},
 	} {
 		err := tl.Spec().ValidateArgs(json.RawMessage(c.args))
-		var ae *ArgsError
+		var ae *tool.ArgsError
 		switch {
 		case c.field == "" && err != nil:
 			t.Errorf("%s: ValidateArgs = %v, want ok", c.args, err)

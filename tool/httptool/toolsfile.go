@@ -1,4 +1,4 @@
-package tool
+package httptool
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/policy"
+	"github.com/effectline/effectline/tool"
 )
 
 // The tools file (DESIGN §6). Its shape is contract; keys may be added.
@@ -77,7 +78,7 @@ var methods = map[string]bool{"GET": true, "HEAD": true, "POST": true, "PUT": tr
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // Load reads the tools file at path; see Parse. Errors name the file.
-func Load(path string, getenv func(string) string) (*Registry, error) {
+func Load(path string, getenv func(string) string) (*tool.Registry, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("loading tools: %w", err)
@@ -98,11 +99,11 @@ func Load(path string, getenv func(string) string) (*Registry, error) {
 //
 // getenv reads the signing secrets; nil means an empty environment. Only
 // cmd reads the real environment (STYLE 16), so it passes os.Getenv.
-func Parse(data []byte, getenv func(string) string) (*Registry, error) {
+func Parse(data []byte, getenv func(string) string) (*tool.Registry, error) {
 	return parseFile("", data, getenv)
 }
 
-func parseFile(file string, data []byte, getenv func(string) string) (*Registry, error) {
+func parseFile(file string, data []byte, getenv func(string) string) (*tool.Registry, error) {
 	if getenv == nil {
 		getenv = func(string) string { return "" }
 	}
@@ -120,11 +121,11 @@ type fileParser struct {
 	errs   []error
 }
 
-func (p *fileParser) fail(tool, key, reason string, err error) {
-	p.errs = append(p.errs, &ConfigError{File: p.file, Tool: tool, Key: key, Reason: reason, Err: err})
+func (p *fileParser) fail(name, key, reason string, err error) {
+	p.errs = append(p.errs, &tool.ConfigError{File: p.file, Tool: name, Key: key, Reason: reason, Err: err})
 }
 
-func (p *fileParser) parse(data []byte) *Registry {
+func (p *fileParser) parse(data []byte) *tool.Registry {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		p.fail("", "", "not valid YAML", err)
@@ -158,7 +159,7 @@ func (p *fileParser) parse(data []byte) *Registry {
 		return nil
 	}
 
-	reg := NewRegistry()
+	reg := tool.NewRegistry()
 	seen := map[string]int{}
 	for i, n := range toolsNode.Content {
 		id := fmt.Sprintf("#%d", i+1)
@@ -211,7 +212,7 @@ func (p *fileParser) parse(data []byte) *Registry {
 // checkKeys reports inline secrets and unknown keys of mapping n, and
 // recurses into the nested mappings it knows (never into args_schema, whose
 // property names are the tool's business: a "password" argument is fine).
-func (p *fileParser) checkKeys(tool, prefix string, n *yaml.Node, shape string) {
+func (p *fileParser) checkKeys(name, prefix string, n *yaml.Node, shape string) {
 	known := knownKeys[shape]
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i].Value, n.Content[i+1]
@@ -219,10 +220,10 @@ func (p *fileParser) checkKeys(tool, prefix string, n *yaml.Node, shape string) 
 		switch {
 		case k == "signing_secret_env":
 		case inlineSecretKey.MatchString(k):
-			p.fail(tool, key, "secrets must not be written in the tools file; put the secret in an environment variable and name it in signing_secret_env", nil)
+			p.fail(name, key, "secrets must not be written in the tools file; put the secret in an environment variable and name it in signing_secret_env", nil)
 			continue
 		case !slices.Contains(known, k):
-			p.fail(tool, key, "unknown key", nil)
+			p.fail(name, key, "unknown key", nil)
 			continue
 		}
 		if v.Kind != yaml.MappingNode {
@@ -230,9 +231,9 @@ func (p *fileParser) checkKeys(tool, prefix string, n *yaml.Node, shape string) 
 		}
 		switch {
 		case shape == "tool" && (k == "invoke" || k == "compensate" || k == "reconcile"):
-			p.checkKeys(tool, key+".", v, "endpoint")
+			p.checkKeys(name, key+".", v, "endpoint")
 		case shape == "tool" && k == "retry":
-			p.checkKeys(tool, key+".", v, "retry")
+			p.checkKeys(name, key+".", v, "retry")
 		}
 	}
 }
@@ -252,7 +253,7 @@ func (p *fileParser) build(id string, e *toolEntry) *HTTPTool {
 		p.fail(id, "effect", fmt.Sprintf("unknown effect class %q (want idempotent, compensable or irreversible)", e.Effect), nil)
 	}
 
-	t := &HTTPTool{idField: DefaultDownstreamIDField, maxBody: DefaultMaxResponseBytes}
+	t := &HTTPTool{idField: tool.DefaultDownstreamIDField, maxBody: DefaultMaxResponseBytes}
 	var urls []struct {
 		key string
 		ut  *urlTemplate
@@ -378,14 +379,14 @@ func (p *fileParser) build(id string, e *toolEntry) *HTTPTool {
 		raw, err := yamlToJSON(e.ArgsSchema)
 		if err != nil {
 			p.fail(id, "args_schema", "cannot be expressed as JSON", err)
-		} else if _, _, err := compileSchema(raw); err != nil {
+		} else if err := tool.CheckSchema(raw); err != nil {
 			p.fail(id, "args_schema", "invalid JSON Schema", err)
 		} else {
 			schema = raw
 		}
 	}
 
-	header := DefaultIdempotencyHeader
+	header := tool.DefaultIdempotencyHeader
 	if e.IdempotencyHeader != "" {
 		if !validHeaderName(e.IdempotencyHeader) {
 			p.fail(id, "idempotency_header", fmt.Sprintf("not a valid header name: %q", e.IdempotencyHeader), nil)
@@ -434,7 +435,7 @@ func (p *fileParser) build(id string, e *toolEntry) *HTTPTool {
 		return nil
 	}
 
-	t.spec = Spec{
+	t.spec = tool.Spec{
 		Name:              e.Name,
 		Effect:            effect,
 		Caps:              caps,
@@ -448,7 +449,7 @@ func (p *fileParser) build(id string, e *toolEntry) *HTTPTool {
 		DedupWindow:       dedup,
 	}
 	for _, u := range urls {
-		t.spec.pathArgs = append(t.spec.pathArgs, u.ut.pathArgs...)
+		t.spec.AddPathArgs(u.ut.pathArgs...)
 	}
 	if err := t.spec.Prepare(); err != nil {
 		p.fail(id, "", "invalid", err)

@@ -1,4 +1,10 @@
-package main
+// Package loadgen is `effectline bench`: it drives intents through the
+// whole pipeline in one process (an agent appending intents through the
+// outbox or POSTing them to the API, the relay, Kafka, the executor, a
+// local tool over HTTP, the outcomes topic, the projector) and reports
+// throughput, end-to-end latency, synchronous commits and CPU time per
+// operation, and duplicate and lost operations.
+package loadgen
 
 import (
 	"bytes"
@@ -6,6 +12,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -21,52 +28,55 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/effectline/effectline/cmd/effectline/app"
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/outbox"
 	"github.com/effectline/effectline/projector"
-	"github.com/effectline/effectline/tool"
+	"github.com/effectline/effectline/tool/httptool"
 )
 
-// benchConfig is the load of one `effectline bench` run.
-type benchConfig struct {
-	n           int
-	warmup      int // operations run first and not measured
-	rate        int // operations per second; 0 = flat out
-	batch       int // intents per agent transaction
-	concurrency int // agent transactions in flight (flat out)
-	timeout     time.Duration
-	keep        bool
-	// via is how intents come in: "outbox" (an agent's own transactions)
+// Config is the load of one `effectline bench` run.
+type Config struct {
+	N           int
+	Warmup      int // operations run first and not measured
+	Rate        int // operations per second; 0 = flat out
+	Batch       int // intents per agent transaction
+	Concurrency int // agent transactions in flight (flat out)
+	Timeout     time.Duration
+	Keep        bool // keep the benchmark database
+	// Via is how intents come in: "outbox" (an agent's own transactions)
 	// or "http" (POST /v1/intents, group-committed with the executor's
 	// appends).
-	via     string
+	Via        string
+	CPUProfile string // a file for a CPU profile of the run, when set
+
 	apiBase string
 	client  *http.Client
 }
 
-// runBench drives N intents through the whole pipeline in one process — an
+// ErrConfig says a Config field is out of range.
+var ErrConfig = errors.New("-n, -batch and -concurrency must be positive, -rate and -warmup not negative, -via outbox or http")
+
+func (bc Config) check() error {
+	if bc.N <= 0 || bc.Batch <= 0 || bc.Concurrency <= 0 || bc.Rate < 0 || bc.Warmup < 0 || (bc.Via != "outbox" && bc.Via != "http") {
+		return ErrConfig
+	}
+	return nil
+}
+
+// Run drives bc.N intents through the whole pipeline in one process — an
 // agent appending intents through the outbox, the relay, Kafka, the
 // executor, a local tool over HTTP, the outcomes topic, the projector — and
 // reports throughput, end-to-end latency (intent committed → terminal state
 // in operation_state), synchronous commits per operation, and duplicate and
-// lost operations.
-func runBench(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlags("bench", stderr)
-	var bc benchConfig
-	fs.IntVar(&bc.n, "n", 5000, "operations to run")
-	fs.IntVar(&bc.warmup, "warmup", 200, "operations run to completion first, not measured (consumer groups joined, connections open)")
-	fs.IntVar(&bc.rate, "rate", 0, "operations per second (0: flat out)")
-	fs.IntVar(&bc.batch, "batch", 20, "intents per agent transaction (flat out)")
-	fs.IntVar(&bc.concurrency, "concurrency", 8, "agent transactions in flight (flat out)")
-	fs.DurationVar(&bc.timeout, "timeout", 5*time.Minute, "give up waiting after this long")
-	fs.BoolVar(&bc.keep, "keep", false, "keep the benchmark database")
-	fs.StringVar(&bc.via, "via", "outbox", "how intents come in: outbox (the agent's transactions) or http (POST /v1/intents)")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
-	if err := parseFlags(fs, args); err != nil {
+// lost operations. cfg is the process configuration; Run uses a database
+// of its own beside cfg.DatabaseURL.
+func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) string, stdout, stderr io.Writer) error {
+	if err := bc.check(); err != nil {
 		return err
 	}
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
+	if bc.CPUProfile != "" {
+		f, err := os.Create(bc.CPUProfile)
 		if err != nil {
 			return err
 		}
@@ -76,13 +86,6 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if bc.n <= 0 || bc.batch <= 0 || bc.concurrency <= 0 || bc.rate < 0 || bc.warmup < 0 || (bc.via != "outbox" && bc.via != "http") {
-		return fmt.Errorf("%w: -n, -batch and -concurrency must be positive, -rate and -warmup not negative, -via outbox or http", errUsage)
-	}
-	cfg, err := configFromEnv(getenv)
-	if err != nil {
-		return err
-	}
 	if cfg.LogLevel == "" {
 		cfg.LogLevel = "error"
 	}
@@ -91,7 +94,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
-	if !bc.keep {
+	if !bc.Keep {
 		defer drop()
 	}
 	cfg.DatabaseURL = dbURL
@@ -101,12 +104,12 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	defer sink.close()
-	reg, err := tool.Parse([]byte(sink.toolsYAML()), getenv)
+	reg, err := httptool.Parse([]byte(sink.toolsYAML()), getenv)
 	if err != nil {
 		return err
 	}
 	if len(cfg.KafkaBrokers) == 0 {
-		cluster, err := startEmbeddedBroker(cfg.Partitions)
+		cluster, err := app.StartEmbeddedBroker(cfg.Partitions)
 		if err != nil {
 			return err
 		}
@@ -114,79 +117,70 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		cfg.KafkaBrokers = cluster.ListenAddrs()
 	}
 	cfg.HTTPAddr = "127.0.0.1:0"
-	comps := []string{componentRelay, componentExecutor, componentProjector, componentReconciler}
-	if bc.via == "http" {
-		comps = append(comps, componentAPI)
+	comps := []string{app.Relay, app.Executor, app.Projector, app.Reconciler}
+	if bc.Via == "http" {
+		comps = append(comps, app.API)
 	}
-	a, err := newApp(ctx, appOptions{cfg: cfg, stdout: stderr, getenv: getenv, components: comps,
-		migrate: true, tools: reg, service: "effectline-bench", open: true})
+	a, err := app.Open(ctx, app.Options{Config: cfg, Stdout: stderr, Getenv: getenv, Components: comps,
+		Migrate: true, Tools: reg, Service: "effectline-bench", Open: true})
 	if err != nil {
 		return err
 	}
-	if err := ensureTopics(ctx, a); err != nil {
-		a.close(ctx)
-		return err
-	}
-	built, err := a.build(comps)
-	if err != nil {
-		a.close(ctx)
-		return err
-	}
-	if a.apiSrv != nil {
-		bc.apiBase = "http://" + a.apiSrv.Addr()
+	if addr := a.APIAddr(); addr != "" {
+		bc.apiBase = "http://" + addr
 		bc.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- a.runAll(runCtx, built) }()
+	go func() { done <- a.Run(runCtx) }()
 	defer func() { stop(); <-done }()
 
 	// Warm up: the consumer groups join, connections open and the heap
 	// grows while the first operations run; those are not what is measured.
-	if bc.warmup > 0 {
+	if bc.Warmup > 0 {
 		wc := bc
-		wc.n = bc.warmup
-		if err := wc.runUntilDone(ctx, runCtx, a, warmupKey, make([]time.Time, wc.n), new(atomic.Int64), 0, io.Discard); err != nil {
+		wc.N = bc.Warmup
+		if err := wc.runUntilDone(ctx, runCtx, a, warmupKey, make([]time.Time, wc.N), new(atomic.Int64), 0, io.Discard); err != nil {
 			return fmt.Errorf("bench: warming up: %w", err)
 		}
 	}
 	warmupCalls := sink.calls.Load()
 
 	var before, beforeAll int64
-	_ = a.pool.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&beforeAll)
-	before = a.store.SyncCommits()
+	_ = a.Pool.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&beforeAll)
+	before = a.Store.SyncCommits()
 
 	mode := "flat out"
-	if bc.rate > 0 {
-		mode = fmt.Sprintf("%d/s", bc.rate)
+	if bc.Rate > 0 {
+		mode = fmt.Sprintf("%d/s", bc.Rate)
 	}
-	if bc.via == "http" {
-		fmt.Fprintf(stdout, "bench: %d operations, %s, intents one per POST /v1/intents, tool %s\n", bc.n, mode, sink.url)
+	if bc.Via == "http" {
+		fmt.Fprintf(stdout, "bench: %d operations, %s, intents one per POST /v1/intents, tool %s\n", bc.N, mode, sink.url)
 	} else {
 		fmt.Fprintf(stdout, "bench: %d operations, %s, intents in batches of %d through the outbox, tool %s\n",
-			bc.n, mode, bc.effectiveBatch(), sink.url)
+			bc.N, mode, bc.effectiveBatch(), sink.url)
 	}
-	if bc.warmup > 0 {
-		fmt.Fprintf(stdout, "warm-up: %d operations run first, not measured\n", bc.warmup)
+	if bc.Warmup > 0 {
+		fmt.Fprintf(stdout, "warm-up: %d operations run first, not measured\n", bc.Warmup)
 	}
-	committed := make([]time.Time, bc.n)
+	committed := make([]time.Time, bc.N)
 	var agentCommits atomic.Int64
 	start := time.Now()
 	cpuBefore := sampleCPU()
-	if err := bc.runUntilDone(ctx, runCtx, a, benchKey, committed, &agentCommits, bc.warmup, stderr); err != nil {
+	if err := bc.runUntilDone(ctx, runCtx, a, benchKey, committed, &agentCommits, bc.Warmup, stderr); err != nil {
 		return err
 	}
 	elapsed := time.Since(start)
-	cpuProcess, cpuMachine := sampleCPU().perOp(cpuBefore, bc.n)
+	cpuProcess, cpuMachine := sampleCPU().perOp(cpuBefore, bc.N)
 
 	// Latency: from each intent's commit to its terminal row's projection.
-	reader := projector.NewReader(a.pool)
+	reader := projector.NewReader(a.Pool)
 	projected, err := reader.ProjectedAt(ctx, events.StatusCompleted)
 	if err != nil {
 		return err
 	}
 	index := map[string]int{}
-	for i := range bc.n {
+	for i := range bc.N {
 		index[benchKey(i)] = i
 	}
 	var lat []time.Duration
@@ -205,7 +199,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	// The same latency to the write side (the outcome journaled), which
 	// tells the executor's share from the relay's and the projector's.
-	journaled, err := a.store.CompletedAt(ctx)
+	journaled, err := a.Store.CompletedAt(ctx)
 	if err != nil {
 		return err
 	}
@@ -221,8 +215,8 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 			float64(wlat[len(wlat)/2].Microseconds())/1000, float64(wlat[min(len(wlat)-1, len(wlat)*99/100)].Microseconds())/1000)
 	}
 	var afterAll int64
-	_ = a.pool.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&afterAll)
-	syncCommits := a.store.SyncCommits() - before + agentCommits.Load()
+	_ = a.Pool.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&afterAll)
+	syncCommits := a.Store.SyncCommits() - before + agentCommits.Load()
 
 	slices.Sort(lat)
 	pct := func(p float64) float64 {
@@ -237,52 +231,52 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	throughput := float64(completed) / span.Seconds()
 	dups := sink.duplicates()
-	lost := bc.n - completed
-	fmt.Fprintf(stdout, "completed %d of %d in %.2fs; tool calls %d, effects %d\n", completed, bc.n, span.Seconds(),
+	lost := bc.N - completed
+	fmt.Fprintf(stdout, "completed %d of %d in %.2fs; tool calls %d, effects %d\n", completed, bc.N, span.Seconds(),
 		sink.calls.Load()-warmupCalls, sink.effects()-int(warmupCalls))
 	fmt.Fprintf(stdout, "postgres: %.2f synchronous commits per operation (%d), %.2f transactions of any kind per operation\n",
-		float64(syncCommits)/float64(bc.n), syncCommits, float64(afterAll-beforeAll)/float64(bc.n))
+		float64(syncCommits)/float64(bc.N), syncCommits, float64(afterAll-beforeAll)/float64(bc.N))
 	if agent := agentCommits.Load(); agent > 0 {
 		// Through the outbox the intent rides in the agent's own business
 		// transaction, which commits whether or not effectline exists.
 		fmt.Fprintf(stdout, "postgres: %.2f of them effectline's own (claims and outcomes), %.2f the agent's transactions that carried the intents\n",
-			float64(syncCommits-agent)/float64(bc.n), float64(agent)/float64(bc.n))
+			float64(syncCommits-agent)/float64(bc.N), float64(agent)/float64(bc.N))
 	}
 	if cpuMachine > 0 {
 		fmt.Fprintf(stdout, "cpu: %.2f ms per operation on the whole machine, %.2f ms of it in this process (the rest is PostgreSQL and whatever else runs)\n",
 			cpuMachine, cpuProcess)
 	}
 	fmt.Fprintf(stdout, "bench: ops=%d throughput=%.0f/s p50=%.1fms p95=%.1fms p99=%.1fms tx_per_op=%.2f duplicates=%d lost=%d\n",
-		bc.n, throughput, pct(0.50), pct(0.95), pct(0.99), float64(syncCommits)/float64(bc.n), dups, lost)
+		bc.N, throughput, pct(0.50), pct(0.95), pct(0.99), float64(syncCommits)/float64(bc.N), dups, lost)
 	if dups > 0 || lost > 0 {
 		return fmt.Errorf("bench: %d duplicate effects, %d lost operations", dups, lost)
 	}
 	return nil
 }
 
-func (bc benchConfig) effectiveBatch() int {
-	if bc.rate > 0 {
-		return max(1, bc.rate/200) // about 200 agent transactions a second (250 at 500/s: batches of 2)
+func (bc Config) effectiveBatch() int {
+	if bc.Rate > 0 {
+		return max(1, bc.Rate/200) // about 200 agent transactions a second (250 at 500/s: batches of 2)
 	}
-	return bc.batch
+	return bc.Batch
 }
 
 func benchKey(i int) string  { return fmt.Sprintf("bench/op-%07d", i) }
 func warmupKey(i int) string { return fmt.Sprintf("bench/warmup-%07d", i) }
 
-// runUntilDone submits bc.n intents named by key and waits until the read
+// runUntilDone submits bc.N intents named by key and waits until the read
 // model shows them, and the done operations before them, terminal.
-func (bc benchConfig) runUntilDone(ctx, runCtx context.Context, a *app, key func(int) string, committed []time.Time,
+func (bc Config) runUntilDone(ctx, runCtx context.Context, a *app.App, key func(int) string, committed []time.Time,
 	commits *atomic.Int64, done int, progressTo io.Writer) error {
 	start := time.Now()
 	loadErr := make(chan error, 1)
 	go func() { loadErr <- bc.load(runCtx, a, key, committed, commits) }()
-	reader := projector.NewReader(a.pool)
+	reader := projector.NewReader(a.Pool)
 	var finished int
-	deadline := time.Now().Add(bc.timeout)
+	deadline := time.Now().Add(bc.Timeout)
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
-	for finished < done+bc.n && time.Now().Before(deadline) {
+	for finished < done+bc.N && time.Now().Before(deadline) {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -297,7 +291,7 @@ func (bc benchConfig) runUntilDone(ctx, runCtx context.Context, a *app, key func
 			return err
 		}
 		finished = n
-		progress(progressTo, finished-done, bc.n, time.Since(start))
+		progress(progressTo, finished-done, bc.N, time.Since(start))
 	}
 	fmt.Fprintln(progressTo)
 	return nil
@@ -305,15 +299,15 @@ func (bc benchConfig) runUntilDone(ctx, runCtx context.Context, a *app, key func
 
 // load plays the agent service: it appends intents through the outbox in
 // transactions of its own, at the configured rate or as fast as it can.
-func (bc benchConfig) load(ctx context.Context, a *app, key func(int) string, committed []time.Time, commits *atomic.Int64) error {
+func (bc Config) load(ctx context.Context, a *app.App, key func(int) string, committed []time.Time, commits *atomic.Int64) error {
 	batch := bc.effectiveBatch()
 	var next atomic.Int64
 	submit := func() (bool, error) {
 		lo := int(next.Add(int64(batch))) - batch
-		if lo >= bc.n {
+		if lo >= bc.N {
 			return false, nil
 		}
-		hi := min(lo+batch, bc.n)
+		hi := min(lo+batch, bc.N)
 		ins := make([]outbox.Intent, 0, hi-lo)
 		for i := lo; i < hi; i++ {
 			ins = append(ins, outbox.Intent{
@@ -321,7 +315,7 @@ func (bc benchConfig) load(ctx context.Context, a *app, key func(int) string, co
 				Args: json.RawMessage(fmt.Sprintf(`{"amount":%d,"currency":"EUR"}`, 100+i%900)), Principal: "bench-agent",
 			})
 		}
-		if bc.via == "http" {
+		if bc.Via == "http" {
 			errs := make(chan error, len(ins))
 			for j, in := range ins {
 				go func() { errs <- bc.post(ctx, in, &committed[lo+j]) }()
@@ -331,9 +325,9 @@ func (bc benchConfig) load(ctx context.Context, a *app, key func(int) string, co
 					return false, err
 				}
 			}
-			return hi < bc.n, nil
+			return hi < bc.N, nil
 		}
-		err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+		err := pgx.BeginFunc(ctx, a.Pool, func(tx pgx.Tx) error {
 			_, err := outbox.AppendMany(ctx, tx, ins)
 			return err
 		})
@@ -341,15 +335,15 @@ func (bc benchConfig) load(ctx context.Context, a *app, key func(int) string, co
 			return false, err
 		}
 		commits.Add(1)
-		a.store.NotifyAppended()
+		a.Store.NotifyAppended()
 		now := time.Now()
 		for i := lo; i < hi; i++ {
 			committed[i] = now
 		}
-		return hi < bc.n, nil
+		return hi < bc.N, nil
 	}
-	if bc.rate > 0 {
-		interval := time.Duration(float64(time.Second) * float64(batch) / float64(bc.rate))
+	if bc.Rate > 0 {
+		interval := time.Duration(float64(time.Second) * float64(batch) / float64(bc.Rate))
 		t := time.NewTicker(interval)
 		defer t.Stop()
 		var wg sync.WaitGroup
@@ -362,7 +356,7 @@ func (bc benchConfig) load(ctx context.Context, a *app, key func(int) string, co
 				return err
 			case <-t.C:
 			}
-			more = int(next.Load()) < bc.n
+			more = int(next.Load()) < bc.N
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -378,8 +372,8 @@ func (bc benchConfig) load(ctx context.Context, a *app, key func(int) string, co
 		return nil
 	}
 	var wg sync.WaitGroup
-	errs := make(chan error, bc.concurrency)
-	for range bc.concurrency {
+	errs := make(chan error, bc.Concurrency)
+	for range bc.Concurrency {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -401,7 +395,7 @@ func (bc benchConfig) load(ctx context.Context, a *app, key func(int) string, co
 }
 
 // post submits one intent through the API; its 202 means it is committed.
-func (bc benchConfig) post(ctx context.Context, in outbox.Intent, committed *time.Time) error {
+func (bc Config) post(ctx context.Context, in outbox.Intent, committed *time.Time) error {
 	body, err := json.Marshal(map[string]any{"operation_key": in.OperationKey, "tool": in.Tool, "args": in.Args})
 	if err != nil {
 		return err
@@ -436,7 +430,7 @@ func progress(w io.Writer, done, total int, took time.Duration) {
 func createBenchDatabase(ctx context.Context, base string) (string, func(), error) {
 	conn, err := pgx.Connect(ctx, base)
 	if err != nil {
-		_, cerr := connectDatabase(ctx, base)
+		_, cerr := app.ConnectDatabase(ctx, base)
 		return "", nil, cerr
 	}
 	defer conn.Close(ctx)
@@ -448,7 +442,7 @@ func createBenchDatabase(ctx context.Context, base string) (string, func(), erro
 	}
 	u, err := url.Parse(base)
 	if err != nil {
-		return "", nil, fmt.Errorf("bench needs %s as a URL: %w", envDatabaseURL, err)
+		return "", nil, fmt.Errorf("bench needs %s as a URL: %w", app.EnvDatabaseURL, err)
 	}
 	u.Path = "/" + name
 	drop := func() {
