@@ -34,6 +34,9 @@ type acceptedBody struct {
 	OperationKey string        `json:"operation_key"`
 	Status       events.Status `json:"status"`
 	Href         string        `json:"href"`
+	// Outcome is pending here, unless a settled operation is answered
+	// 202 by an older server.
+	Outcome events.OperationOutcome `json:"outcome"`
 }
 
 func operationHref(key string) string { return "/v1/operations/" + url.PathEscape(key) }
@@ -176,8 +179,15 @@ func (s *Server) answerExisting(ctx context.Context, w http.ResponseWriter, t To
 			"this operation_key was already used with another tool or other args")
 		return
 	}
-	if op.Status == events.StatusCompleted {
-		s.tel.intent(ctx, name, "completed")
+	// Any settled operation, failed and unknown as much as completed,
+	// answers 200: its record is the answer, and a 202 would tell the
+	// caller it is still in flight.
+	if events.OutcomeOf(op).State.Settled() {
+		result := "settled"
+		if op.Status == events.StatusCompleted {
+			result = "completed"
+		}
+		s.tel.intent(ctx, name, result)
 		writeJSON(w, http.StatusOK, renderOperation(op, t))
 		return
 	}
@@ -188,7 +198,8 @@ func (s *Server) answerExisting(ctx context.Context, w http.ResponseWriter, t To
 func (s *Server) writeAccepted(w http.ResponseWriter, op events.Operation) {
 	href := operationHref(op.Key)
 	w.Header().Set("Location", href)
-	writeJSON(w, http.StatusAccepted, acceptedBody{OperationKey: op.Key, Status: op.Status, Href: href})
+	writeJSON(w, http.StatusAccepted, acceptedBody{OperationKey: op.Key, Status: op.Status, Href: href,
+		Outcome: events.OutcomeOf(op)})
 }
 
 // fail answers a failure of the server or its dependencies. A deadline or a

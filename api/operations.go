@@ -77,9 +77,11 @@ type operationBody struct {
 	CreatedAt      time.Time          `json:"created_at"`
 	UpdatedAt      time.Time          `json:"updated_at"`
 	Seq            int64              `json:"seq"`
-	Args           json.RawMessage    `json:"args,omitempty"`
-	Escalation     *escalationBody    `json:"escalation,omitempty"`
-	Events         []json.RawMessage  `json:"events,omitempty"`
+	// Outcome is the agent's reading of the record (events.OutcomeOf).
+	Outcome    events.OperationOutcome `json:"outcome"`
+	Args       json.RawMessage         `json:"args,omitempty"`
+	Escalation *escalationBody         `json:"escalation,omitempty"`
+	Events     []json.RawMessage       `json:"events,omitempty"`
 }
 
 // escalationBody is the evidence of an escalated operation, for the
@@ -130,6 +132,7 @@ func summarizeOperation(op events.Operation) operationBody {
 		// The fold clears the lease whenever no step runs, so it is
 		// non-null exactly while an attempt or compensation holds it.
 		LeaseUntil: op.LeaseUntil,
+		Outcome:    events.OutcomeOf(op),
 	}
 	return b
 }
