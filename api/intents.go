@@ -119,6 +119,14 @@ func (s *Server) postIntent(w http.ResponseWriter, r *http.Request) {
 	effect := t.EffectClass()
 	span.SetAttributes(attrEffectClass.String(string(effect)))
 
+	// The wait is registered before the intent is journaled, so no event
+	// of the operation can slip past it.
+	var wt *waiter
+	if d, ok := preferWait(r); ok {
+		wt = s.startWait(w, key, d)
+		defer wt.close()
+	}
+
 	ev, err := events.New(events.IntentRecorded, key, 1, name, effect, 0,
 		events.IntentData{Args: args.Bytes(), Principal: principal}, time.Now())
 	if err != nil {
@@ -138,9 +146,13 @@ func (s *Server) postIntent(w http.ResponseWriter, r *http.Request) {
 		s.tel.intent(ctx, name, "recorded")
 		s.log.InfoContext(ctx, "intent recorded", slog.String("operation_key", key), slog.String("tool", name),
 			slog.String("principal", principal), slog.String("status", string(op.Status)))
+		if wt != nil {
+			s.answerWaited(ctx, w, wt, op, t)
+			return
+		}
 		s.writeAccepted(w, op)
 	case store.IsConflict(err):
-		s.answerExisting(ctx, w, t, key, name, hash, principal)
+		s.answerExisting(ctx, w, t, key, name, hash, principal, wt)
 	default:
 		var de *events.DecodeError
 		switch {
@@ -164,7 +176,7 @@ func (s *Server) postIntent(w http.ResponseWriter, r *http.Request) {
 // answerExisting answers an intent whose key is taken. The insert lost to a
 // committed operation, so the head record is there to read; the answer
 // depends only on it, never on which request came first.
-func (s *Server) answerExisting(ctx context.Context, w http.ResponseWriter, t Tool, key, name, hash, principal string) {
+func (s *Server) answerExisting(ctx context.Context, w http.ResponseWriter, t Tool, key, name, hash, principal string, wt *waiter) {
 	op, err := s.store.Load(ctx, key)
 	if err != nil {
 		s.fail(ctx, w, "loading the existing operation", key, err)
@@ -192,6 +204,10 @@ func (s *Server) answerExisting(ctx context.Context, w http.ResponseWriter, t To
 		return
 	}
 	s.tel.intent(ctx, name, "duplicate")
+	if wt != nil {
+		s.answerWaited(ctx, w, wt, op, t)
+		return
+	}
 	s.writeAccepted(w, op)
 }
 

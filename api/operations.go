@@ -176,6 +176,14 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, codeNotFound, "no operation with this key")
 		return
 	}
+	var wt *waiter
+	if d, given, ok := queryWait(r); !ok {
+		writeFieldError(w, http.StatusBadRequest, codeInvalidRequest, "wait", "wait must be a duration such as 10s, at most 60s")
+		return
+	} else if given {
+		wt = s.startWait(w, key, d)
+		defer wt.close()
+	}
 	op, err := s.store.Load(ctx, key)
 	if errors.Is(err, store.ErrNotFound) {
 		writeError(w, http.StatusNotFound, codeNotFound, "no operation with this key")
@@ -185,6 +193,7 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
 		s.fail(ctx, w, "loading the operation", key, err)
 		return
 	}
+	op = wt.until(ctx, op)
 	stored, err := s.store.Events(ctx, key, 0)
 	if err != nil {
 		s.fail(ctx, w, "loading the operation's events", key, err)
@@ -205,6 +214,10 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		body.Events = append(body.Events, raw)
+	}
+	if wt != nil && !settled(op) {
+		writeJSON(w, http.StatusAccepted, body)
+		return
 	}
 	writeJSON(w, http.StatusOK, body)
 }

@@ -14,6 +14,7 @@ func (s *Server) registerRoutes() {
 	s.HandleFunc("POST /v1/intents", s.postIntent, Authenticated)
 	s.HandleFunc("GET /v1/operations", s.listOperations, Authenticated)
 	s.HandleFunc("GET /v1/operations/{key}", s.getOperation, Authenticated)
+	s.HandleFunc("GET /v1/operations/{key}/events", s.streamEvents, Authenticated)
 	s.decisionRoutes()
 	s.webhookRoutes()
 	s.uiRoutes()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/watch"
 )
 
 // Committer journals one step of an operation; the store's group committer
@@ -48,6 +49,10 @@ type Deps struct {
 	// (reconciler.Webhooks behind an adapter, see WebhookHandler). Nil: that
 	// route answers 503.
 	Webhooks WebhookHandler
+	// Waits wakes requests that wait for their operation (Prefer: wait,
+	// ?wait=, the event stream); it must be running (watch.Hub.Run). Nil:
+	// requests answer at once and streams poll the journal.
+	Waits *watch.Hub
 }
 
 // Route is one registered route.
@@ -73,6 +78,7 @@ type Server struct {
 	ready      func(context.Context) error
 	decider    Decider
 	webhooks   WebhookHandler
+	waits      *watch.Hub
 	auth       *authenticator
 	tel        *telemetry
 
@@ -117,6 +123,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		ready:      deps.Ready,
 		decider:    deps.Decider,
 		webhooks:   deps.Webhooks,
+		waits:      deps.Waits,
 		auth:       newAuthenticator(cfg),
 		tel:        tel,
 		mux:        http.NewServeMux(),
