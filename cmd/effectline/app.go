@@ -25,6 +25,7 @@ import (
 	"github.com/effectline/effectline/reconciler"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
+	"github.com/effectline/effectline/watch"
 )
 
 // app is one effectline process: the shared plumbing (database pool, group
@@ -45,6 +46,8 @@ type app struct {
 	apiDrain time.Duration
 
 	apiSrv *api.Server
+	// waits wakes the API's waiting requests; it runs beside the API.
+	waits *watch.Hub
 	health *http.Server
 	ln     net.Listener
 }
@@ -220,7 +223,7 @@ func (a *app) build(names []string) ([]component, error) {
 				return nil, err
 			}
 			a.apiSrv = srv
-			out = append(out, component{name, srv.Run})
+			out = append(out, component{name, srv.Run}, component{"waiters", a.waits.Run})
 		}
 	}
 	if groups := consumerGroups(a.kafka, names); len(groups) > 0 {
@@ -266,6 +269,10 @@ func (a *app) buildAPI() (*api.Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	a.waits, err = watch.New(watch.Config{Loader: a.store, Feed: watch.NewKafkaFeed(a.kafka, a.log), Logger: a.log})
+	if err != nil {
+		return nil, err
+	}
 	srv, err := api.New(api.Config{
 		Addr: a.cfg.HTTPAddr, Tokens: tokens, Approvers: approvers,
 		Open: a.open || (a.cfg.InsecureOpen && len(tokens) == 0), TopicPrefix: a.kafka.TopicPrefix,
@@ -281,6 +288,7 @@ func (a *app) buildAPI() (*api.Server, error) {
 		Decider: decider{store: a.store, prefix: a.kafka.TopicPrefix,
 			tp: a.tel.TracerProvider(), mp: a.tel.MeterProvider()},
 		Webhooks: webhookAdapter{w: webhooks},
+		Waits:    a.waits,
 	})
 	if err != nil {
 		return nil, err
