@@ -47,7 +47,7 @@ type app struct {
 
 	apiSrv *api.Server
 	// waits wakes the API's waiting requests; it runs beside the API.
-	waits *watch.Hub
+	waits  *watch.Hub
 	health *http.Server
 	ln     net.Listener
 }
