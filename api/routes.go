@@ -18,6 +18,7 @@ func (s *Server) registerRoutes() {
 	s.decisionRoutes()
 	s.webhookRoutes()
 	s.uiRoutes()
+	s.mcpRoutes()
 
 	s.HandleFunc("GET /healthz", s.healthz, Public)
 	s.HandleFunc("GET /readyz", s.readyz, Public)

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/effectline/effectline/api/mcp"
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/watch"
@@ -53,6 +54,9 @@ type Deps struct {
 	// ?wait=, the event stream); it must be running (watch.Hub.Run). Nil:
 	// requests answer at once and streams poll the journal.
 	Waits *watch.Hub
+	// Catalogue lists the tools the MCP server on POST /mcp offers
+	// (RegistryCatalogue); nil: no MCP endpoint.
+	Catalogue []mcp.Tool
 }
 
 // Route is one registered route.
@@ -79,6 +83,7 @@ type Server struct {
 	decider    Decider
 	webhooks   WebhookHandler
 	waits      *watch.Hub
+	catalogue  []mcp.Tool
 	auth       *authenticator
 	tel        *telemetry
 
@@ -124,6 +129,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		decider:    deps.Decider,
 		webhooks:   deps.Webhooks,
 		waits:      deps.Waits,
+		catalogue:  deps.Catalogue,
 		auth:       newAuthenticator(cfg),
 		tel:        tel,
 		mux:        http.NewServeMux(),

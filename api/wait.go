@@ -71,6 +71,8 @@ func (s *Server) timeoutFor(route string, r *http.Request) time.Duration {
 	switch route {
 	case "/v1/operations/{key}/events":
 		return maxStream
+	case "/mcp":
+		return s.cfg.RequestTimeout + MaxWait
 	case "/v1/intents":
 		if d, ok := preferWait(r); ok {
 			return s.cfg.RequestTimeout + d

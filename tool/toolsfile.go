@@ -419,6 +419,7 @@ func (p *fileParser) build(id string, e *toolEntry) *HTTPTool {
 
 	t.spec = Spec{
 		Name:              e.Name,
+		Description:       e.Description,
 		Effect:            effect,
 		Caps:              caps,
 		RequiresApproval:  e.RequiresApproval,

@@ -287,8 +287,9 @@ func (a *app) buildAPI() (*api.Server, error) {
 		Metrics:    a.tel.MetricsHandler(),
 		Decider: decider{store: a.store, prefix: a.kafka.TopicPrefix,
 			tp: a.tel.TracerProvider(), mp: a.tel.MeterProvider()},
-		Webhooks: webhookAdapter{w: webhooks},
-		Waits:    a.waits,
+		Webhooks:  webhookAdapter{w: webhooks},
+		Waits:     a.waits,
+		Catalogue: api.RegistryCatalogue(a.tools),
 	})
 	if err != nil {
 		return nil, err
