@@ -13,6 +13,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/effectline/effectline/events"
@@ -53,6 +54,9 @@ const maxBuffered = 64
 // Hub maps operation keys to the watches waiting on them.
 type Hub struct {
 	cfg Config
+
+	// reloads and sweeps count the hub's queries, for the benchmark.
+	reloads, sweeps atomic.Int64
 
 	mu      sync.Mutex
 	watches map[string]map[*Watch]struct{}
@@ -139,6 +143,10 @@ func (h *Hub) Waiting() int {
 	return n
 }
 
+// Queries returns how many head records the hub's waiters reloaded after a
+// gap in the feed, and how many sweep queries it ran.
+func (h *Hub) Queries() (reloads, sweeps int64) { return h.reloads.Load(), h.sweeps.Load() }
+
 // Deliver hands one journaled event to the watches of key. An event of an
 // unwatched key costs a map lookup and is not even decoded.
 func (h *Hub) Deliver(key string, envelope []byte) {
@@ -171,6 +179,7 @@ func (h *Hub) sweep(ctx context.Context) {
 		batch := keys[:min(len(keys), h.cfg.SweepBatch)]
 		keys = keys[len(batch):]
 		qctx, cancel := context.WithTimeout(ctx, h.cfg.SweepInterval)
+		h.sweeps.Add(1)
 		ops, err := h.cfg.Loader.LoadMany(qctx, batch)
 		cancel()
 		if err != nil {
@@ -277,6 +286,7 @@ func (w *Watch) Advance(ctx context.Context, op events.Operation) (next events.O
 	}
 	if stale {
 		continuous = false
+		w.hub.reloads.Add(1)
 		fresh, lerr := w.hub.cfg.Loader.Load(ctx, w.key)
 		if lerr != nil {
 			return op, applied, false, lerr

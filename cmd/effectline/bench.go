@@ -41,6 +41,30 @@ type benchConfig struct {
 	via     string
 	apiBase string
 	client  *http.Client
+	// wait makes each POST ask Prefer: wait and records how long the agent
+	// waited for its answer (into waits, when set).
+	wait  bool
+	waits *waitStats
+}
+
+// waitStats collects the agent-perceived latencies of waiting POSTs.
+type waitStats struct {
+	mu       sync.Mutex
+	lat      []time.Duration
+	accepted int // answered 202: the wait ran out first
+}
+
+func (s *waitStats) add(d time.Duration, status int) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if status == http.StatusOK {
+		s.lat = append(s.lat, d)
+	} else {
+		s.accepted++
+	}
 }
 
 // runBench drives N intents through the whole pipeline in one process — an
@@ -60,6 +84,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs.DurationVar(&bc.timeout, "timeout", 5*time.Minute, "give up waiting after this long")
 	fs.BoolVar(&bc.keep, "keep", false, "keep the benchmark database")
 	fs.StringVar(&bc.via, "via", "outbox", "how intents come in: outbox (the agent's transactions) or http (POST /v1/intents)")
+	fs.BoolVar(&bc.wait, "wait", false, "with -via http: each POST asks Prefer: wait=20 and the agent-perceived latency to its 200 is reported")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -75,8 +100,9 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if bc.n <= 0 || bc.batch <= 0 || bc.concurrency <= 0 || bc.rate < 0 || bc.warmup < 0 || (bc.via != "outbox" && bc.via != "http") {
-		return fmt.Errorf("%w: -n, -batch and -concurrency must be positive, -rate and -warmup not negative, -via outbox or http", errUsage)
+	if bc.n <= 0 || bc.batch <= 0 || bc.concurrency <= 0 || bc.rate < 0 || bc.warmup < 0 || (bc.via != "outbox" && bc.via != "http") ||
+		(bc.wait && bc.via != "http") {
+		return fmt.Errorf("%w: -n, -batch and -concurrency must be positive, -rate and -warmup not negative, -via outbox or http, -wait only with -via http", errUsage)
 	}
 	cfg, err := configFromEnv(getenv)
 	if err != nil {
@@ -169,6 +195,13 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		fmt.Fprintf(stdout, "warm-up: %d operations run first, not measured\n", bc.warmup)
 	}
 	committed := make([]time.Time, bc.n)
+	if bc.wait {
+		bc.waits = &waitStats{}
+	}
+	var reloadsBefore, sweepsBefore int64
+	if a.waits != nil {
+		reloadsBefore, sweepsBefore = a.waits.Queries()
+	}
 	var agentCommits atomic.Int64
 	start := time.Now()
 	cpuBefore := sampleCPU()
@@ -265,6 +298,20 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	if cpuMachine > 0 {
 		fmt.Fprintf(stdout, "cpu: %.2f ms per operation on the whole machine, %.2f ms of it in this process (the rest is PostgreSQL and whatever else runs)\n",
 			cpuMachine, cpuProcess)
+	}
+	if s := bc.waits; s != nil {
+		slices.Sort(s.lat)
+		wp := func(p float64) float64 {
+			if len(s.lat) == 0 {
+				return 0
+			}
+			return float64(s.lat[min(len(s.lat)-1, int(p*float64(len(s.lat))))].Microseconds()) / 1000
+		}
+		reloads, sweeps := a.waits.Queries()
+		fmt.Fprintf(stdout, "wait: POST with Prefer: wait=20 to its 200: p50=%.1fms p95=%.1fms p99=%.1fms (%d answered 200, %d answered 202)\n",
+			wp(0.50), wp(0.95), wp(0.99), len(s.lat), s.accepted)
+		fmt.Fprintf(stdout, "wait: the waiters' own queries: %d head reloads after a feed gap, %d sweep queries, for %d waiting requests\n",
+			reloads-reloadsBefore, sweeps-sweepsBefore, bc.n)
 	}
 	fmt.Fprintf(stdout, "bench: ops=%d throughput=%.0f/s p50=%.1fms p95=%.1fms p99=%.1fms tx_per_op=%.2f duplicates=%d lost=%d\n",
 		bc.n, throughput, pct(0.50), pct(0.95), pct(0.99), float64(syncCommits)/float64(bc.n), dups, lost)
@@ -422,12 +469,26 @@ func (bc benchConfig) post(ctx context.Context, in outbox.Intent, committed *tim
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if bc.wait {
+		req.Header.Set("Prefer", "wait=20")
+	}
+	sent := time.Now()
 	resp, err := bc.client.Do(req)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, resp.Body)
+	if bc.wait {
+		if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusAccepted {
+			return fmt.Errorf("POST /v1/intents for %s: %s", in.OperationKey, resp.Status)
+		}
+		bc.waits.add(time.Since(sent), resp.StatusCode)
+		// The answer came after the outcome; the intent was committed
+		// about when it was sent.
+		*committed = sent
+		return nil
+	}
 	if resp.StatusCode != http.StatusAccepted {
 		return fmt.Errorf("POST /v1/intents for %s: %s", in.OperationKey, resp.Status)
 	}
