@@ -193,7 +193,7 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
 		s.fail(ctx, w, "loading the operation", key, err)
 		return
 	}
-	op = wt.until(ctx, op)
+	op = wt.until(ctx, w, op)
 	stored, err := s.store.Events(ctx, key, 0)
 	if err != nil {
 		s.fail(ctx, w, "loading the operation's events", key, err)

@@ -101,7 +101,6 @@ func (s *Server) startWait(w http.ResponseWriter, key string, d time.Duration) *
 	}
 	// The server's write timeout is shorter than the longest wait.
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(d + s.cfg.WriteTimeout))
-	w.Header().Set("Preference-Applied", "wait="+strconv.Itoa(int(d/time.Second)))
 	return &waiter{watch: s.waits.Watch(key), d: d}
 }
 
@@ -112,11 +111,13 @@ func (wt *waiter) close() {
 }
 
 // until returns op once it settled, the wait ran out, the request ended or
-// the server began shutting down: always the newest record it has.
-func (wt *waiter) until(ctx context.Context, op events.Operation) events.Operation {
+// the server began shutting down: always the newest record it has. It
+// says in w's headers that the wait was applied.
+func (wt *waiter) until(ctx context.Context, w http.ResponseWriter, op events.Operation) events.Operation {
 	if wt == nil {
 		return op
 	}
+	w.Header().Set("Preference-Applied", "wait="+strconv.Itoa(int(wt.d/time.Second)))
 	ctx, cancel := context.WithTimeout(ctx, wt.d)
 	defer cancel()
 	return wt.watch.Until(ctx, op, settled)
@@ -125,7 +126,7 @@ func (wt *waiter) until(ctx context.Context, op events.Operation) events.Operati
 // answerWaited answers an intent after its wait: 200 with the record once
 // settled, else 202 with the record so far.
 func (s *Server) answerWaited(ctx context.Context, w http.ResponseWriter, wt *waiter, op events.Operation, t Tool) {
-	op = wt.until(ctx, op)
+	op = wt.until(ctx, w, op)
 	if settled(op) {
 		writeJSON(w, http.StatusOK, renderOperation(op, t))
 		return
