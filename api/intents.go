@@ -34,8 +34,8 @@ type acceptedBody struct {
 	OperationKey string        `json:"operation_key"`
 	Status       events.Status `json:"status"`
 	Href         string        `json:"href"`
-	// Outcome is pending here, unless a settled operation is answered
-	// 202 by an older server.
+	// Outcome is the record's: pending, since only an operation that has
+	// not settled is answered 202.
 	Outcome events.OperationOutcome `json:"outcome"`
 }
 
