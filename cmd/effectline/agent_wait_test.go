@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,9 @@ import (
 )
 
 const agentToken = "agent-secret-token"
+
+// runningLine is logged by `run` once its components started.
+var runningLine = regexp.MustCompile(`"msg":"effectline running"`)
 
 // agentWorld runs the API, the executor (with the relay) and the projector
 // in three processes, as a deployment does.
@@ -125,25 +129,49 @@ func TestAgentWaitsForEachStateAcrossProcesses(t *testing.T) {
 		{"agent-2/charge", "payments.charge", ptr(testenv.FaultFailBeforeEffect(422, "")), "failed", "fix_args", "injected_failure", "attempt.failed"},
 		{"agent-3/charge", "payments.charge", ptr(testenv.FaultLoseResponse), "unknown", "ask_human", "do not retry", "attempt.unknown"},
 	}
+	// The executor (and the relay) run only while a case's three clients
+	// wait, so every answer is a wake across processes, not a read of a
+	// record that had settled before the client asked.
+	aw.exec.waitLine(runningLine, 60*time.Second)
+	if err := aw.exec.stop(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	env := aw.with(map[string]string{envAPITokens: "agent=" + agentToken})
 	for _, c := range cases {
 		if c.fault != nil {
 			aw.fake.Script(testenv.RouteInvoke, *c.fault)
 		}
-		a := aw.submit(t, ctx, c.key, c.tool, 60)
+		posted := make(chan agentAnswer, 1)
+		go func() { posted <- aw.submit(t, ctx, c.key, c.tool, 60) }()
+		waitFor(t, ctx, "the intent", func() bool {
+			return aw.do(t, ctx, http.MethodGet, "/v1/operations/"+url.PathEscape(c.key), "").status == http.StatusOK
+		})
+		got := make(chan agentAnswer, 1)
+		go func() { got <- aw.do(t, ctx, http.MethodGet, "/v1/operations/"+url.PathEscape(c.key)+"?wait=60s", "") }()
+		streamed := make(chan []string, 1)
+		go func() { streamed <- aw.stream(t, ctx, c.key) }()
+		exec := start(t, "relay+executor "+c.key, env, "run", "--components", "relay,executor")
+
+		a := <-posted
 		if a.status != http.StatusOK || a.outcome.State != c.state || a.outcome.Next != c.next ||
 			!strings.Contains(a.outcome.Reason, c.says) || a.header.Get("Preference-Applied") != "wait=60" {
 			t.Errorf("%s: waiting POST answered %d %+v (Preference-Applied %q), want 200 %s/%s saying %q",
 				c.key, a.status, a.outcome, a.header.Get("Preference-Applied"), c.state, c.next, c.says)
 		}
-		g := aw.do(t, ctx, http.MethodGet, "/v1/operations/"+url.PathEscape(c.key)+"?wait=30s", "")
-		if g.status != http.StatusOK || g.outcome.State != c.state {
+		if g := <-got; g.status != http.StatusOK || g.outcome.State != c.state {
 			t.Errorf("%s: GET ?wait answered %d %+v", c.key, g.status, g.outcome)
 		}
-		types := aw.stream(t, ctx, c.key)
+		types := <-streamed
 		if len(types) < 3 || types[0] != "intent.recorded" || types[len(types)-1] != c.last {
 			t.Errorf("%s: stream = %v, want intent.recorded … %s", c.key, types, c.last)
 		}
+		exec.waitLine(runningLine, 60*time.Second)
+		if err := exec.stop(30 * time.Second); err != nil {
+			t.Fatal(err)
+		}
 	}
+	exec := start(t, "relay+executor", env, "run", "--components", "relay,executor")
+	defer func() { _ = exec.stop(30 * time.Second) }()
 	if n := aw.fake.EffectsForKey("agent-1/cache"); n != 1 {
 		t.Errorf("agent-1/cache took effect %d times", n)
 	}
@@ -173,6 +201,7 @@ func TestAgentWaitersReleasedOnAPIShutdown(t *testing.T) {
 	ctx := untilCtx(t, 3*time.Minute)
 	// Without an executor nothing settles: every waiter would wait its
 	// full minute.
+	aw.exec.waitLine(runningLine, 60*time.Second)
 	if err := aw.exec.stop(30 * time.Second); err != nil {
 		t.Fatal(err)
 	}
