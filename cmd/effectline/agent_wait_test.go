@@ -27,9 +27,11 @@ type agentWorld struct {
 	*world
 	api, exec, proj *proc
 	base            string
+	// base2 is a second API replica: a waiter there must be woken too.
+	base2 string
 }
 
-func newAgentWorld(t *testing.T) *agentWorld {
+func newAgentWorld(t *testing.T, replicas ...bool) *agentWorld {
 	t.Helper()
 	w := newWorld(t)
 	env := w.with(map[string]string{envAPITokens: "agent=" + agentToken})
@@ -38,6 +40,10 @@ func newAgentWorld(t *testing.T) *agentWorld {
 	aw.proj = start(t, "projector", env, "run", "--components", "projector")
 	aw.api = start(t, "api", env, "run", "--components", "api")
 	aw.base = "http://" + aw.api.waitLine(runAPIListening, 60*time.Second)[1]
+	if len(replicas) > 0 && replicas[0] {
+		api2 := start(t, "api replica", env, "run", "--components", "api")
+		aw.base2 = "http://" + api2.waitLine(runAPIListening, 60*time.Second)[1]
+	}
 	return aw
 }
 
@@ -56,7 +62,12 @@ type agentAnswer struct {
 
 func (aw *agentWorld) do(t *testing.T, ctx context.Context, method, path, body string, header ...string) agentAnswer {
 	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, method, aw.base+path, strings.NewReader(body))
+	return aw.doAt(t, ctx, aw.base, method, path, body, header...)
+}
+
+func (aw *agentWorld) doAt(t *testing.T, ctx context.Context, base, method, path, body string, header ...string) agentAnswer {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, method, base+path, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,9 +99,9 @@ func (aw *agentWorld) submit(t *testing.T, ctx context.Context, key, tool string
 }
 
 // stream reads key's SSE stream to its end and returns the event types.
-func (aw *agentWorld) stream(t *testing.T, ctx context.Context, key string) []string {
+func (aw *agentWorld) stream(t *testing.T, ctx context.Context, base, key string) []string {
 	t.Helper()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, aw.base+"/v1/operations/"+url.PathEscape(key)+"/events", nil)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/operations/"+url.PathEscape(key)+"/events", nil)
 	req.Header.Set("Authorization", "Bearer "+agentToken)
 	req.Header.Set("Accept", "text/event-stream")
 	res, err := http.DefaultClient.Do(req)
@@ -111,11 +122,11 @@ func (aw *agentWorld) stream(t *testing.T, ctx context.Context, key string) []st
 }
 
 // Each of the three states reaches a waiting POST, a GET ?wait and an SSE
-// client, with the API in a process of its own; a wait that runs out
-// answers 202.
+// client, with the API in processes of its own (the GET and the stream on
+// a second replica); a wait that runs out answers 202.
 func TestAgentWaitsForEachStateAcrossProcesses(t *testing.T) {
 	t.Parallel()
-	aw := newAgentWorld(t)
+	aw := newAgentWorld(t, true)
 	ctx := untilCtx(t, 4*time.Minute)
 	cases := []struct {
 		key, tool string
@@ -147,9 +158,11 @@ func TestAgentWaitsForEachStateAcrossProcesses(t *testing.T) {
 			return aw.do(t, ctx, http.MethodGet, "/v1/operations/"+url.PathEscape(c.key), "").status == http.StatusOK
 		})
 		got := make(chan agentAnswer, 1)
-		go func() { got <- aw.do(t, ctx, http.MethodGet, "/v1/operations/"+url.PathEscape(c.key)+"?wait=60s", "") }()
+		go func() {
+			got <- aw.doAt(t, ctx, aw.base2, http.MethodGet, "/v1/operations/"+url.PathEscape(c.key)+"?wait=60s", "")
+		}()
 		streamed := make(chan []string, 1)
-		go func() { streamed <- aw.stream(t, ctx, c.key) }()
+		go func() { streamed <- aw.stream(t, ctx, aw.base2, c.key) }()
 		exec := start(t, "relay+executor "+c.key, env, "run", "--components", "relay,executor")
 
 		a := <-posted
