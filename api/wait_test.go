@@ -39,6 +39,15 @@ func withHub(t *testing.T, sweep time.Duration, out **watch.Hub, stop *context.C
 // to the hub, as the relay and the Kafka tail would.
 func settle(t *testing.T, st *store.Store, hub *watch.Hub, key string, after ...ev) {
 	t.Helper()
+	// A waiting POST registers its wait before it journals the intent:
+	// the intent may still be committing.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := st.Load(context.Background(), key); err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	op := load(t, st, key)
 	steps := append([]ev{{events.AttemptStarted, 1, events.AttemptStartedData{DownstreamKey: key, Worker: "w",
 		LeaseUntil: time.Now().Add(time.Minute)}}}, after...)
