@@ -21,7 +21,7 @@ type tombstoneBody struct {
 }
 
 func renderTombstone(tomb store.Tombstone) tombstoneBody {
-	return tombstoneBody{operationBody: operationBody{Operation: summarizeOperation(tomb.Operation())}, Pruned: true, SettledAt: tomb.SettledAt}
+	return tombstoneBody{operationBody: summarizeOperation(tomb.Operation()), Pruned: true, SettledAt: tomb.SettledAt}
 }
 
 // answerTombstone answers an intent whose key belongs to a pruned

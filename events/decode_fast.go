@@ -858,6 +858,8 @@ func (d *AttemptFailedData) fastDecode(r *fastReader) bool {
 			ok = r.timePtr(&d.RetryAt)
 		case "late":
 			ok = r.bool(&d.Late)
+		case "response":
+			ok = r.raw(&d.Response)
 		}
 		if !ok {
 			return false

@@ -105,7 +105,7 @@ func fastSamples() map[Type]any {
 		AttemptSucceeded: &AttemptSucceededData{StatusCode: 201, Result: json.RawMessage(`{"id":"r"}`),
 			DownstreamID: "r", UndoRef: "u", Late: true},
 		AttemptFailed: &AttemptFailedData{Kind: Retryable, ErrorClass: "http_503", Error: `Post "http://x": EOF`,
-			StatusCode: 503, RetryAt: &later, Late: true},
+			StatusCode: 503, RetryAt: &later, Late: true, Response: json.RawMessage(`{"error":"busy"}`)},
 		AttemptUnknown: &AttemptUnknownData{ErrorClass: "timeout", Error: "deadline", StatusCode: 504,
 			Next: NextRetry, RetryAt: &later, Late: true},
 		CompensationStarted:   &CompensationStartedData{DownstreamKey: "k", DownstreamID: "r", Worker: "w", LeaseUntil: at},

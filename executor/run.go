@@ -39,6 +39,11 @@ func (e *Executor) runAttempt(ctx context.Context, span trace.Span, op events.Op
 	// with the card number) must not carry sensitive args into it.
 	res.Body = tool.Scrub(t.Spec(), op.Args, res.Body)
 	now := e.cfg.Now()
+	if res.Outcome == events.Failed {
+		// A rejection's body is journaled for the agent to read: redacted
+		// like evidence (it may echo the args) and capped.
+		res.Body = events.CapResponse(t.Spec().RedactEcho(op.Args, res.Body))
+	}
 	spec := outcomeSpec(op, res, t.Spec().Caps, now, e.cfg.Rand)
 	next := e.record(ctx, op, spec)
 	e.crashPoint(PointAfterJournal)
@@ -80,7 +85,7 @@ func attemptFailed(op events.Operation, res tool.Result, retryAt *time.Time) eve
 	}
 	return eventSpec{typ: events.AttemptFailed, attempt: max(op.Attempt, 1), data: &events.AttemptFailedData{
 		Kind: kind, ErrorClass: orDefault(res.ErrorClass, "failed"), Error: errText(res.Err),
-		StatusCode: res.StatusCode, RetryAt: retryAt,
+		StatusCode: res.StatusCode, RetryAt: retryAt, Response: res.Body,
 	}}
 }
 

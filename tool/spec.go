@@ -26,8 +26,10 @@ const DefaultIdempotencyHeader = "Idempotency-Key"
 // unknown outcome), its retry caps, who may use it, and what its arguments
 // look like.
 type Spec struct {
-	Name   string
-	Effect events.EffectClass
+	Name string
+	// Description tells a model what the tool does (the MCP catalogue).
+	Description string
+	Effect      events.EffectClass
 	// Caps bound automatic retries; zero fields take policy's defaults.
 	Caps             policy.Caps
 	RequiresApproval bool

@@ -71,6 +71,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs.DurationVar(&bc.Timeout, "timeout", 5*time.Minute, "give up waiting after this long")
 	fs.BoolVar(&bc.Keep, "keep", false, "keep the benchmark database")
 	fs.StringVar(&bc.Via, "via", "outbox", "how intents come in: outbox (the agent's transactions) or http (POST /v1/intents)")
+	fs.BoolVar(&bc.Wait, "wait", false, "with -via http: each POST asks Prefer: wait=20 and the agent-perceived latency to its 200 is reported")
 	fs.StringVar(&bc.CPUProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
 	if err := parseFlags(fs, args); err != nil {
 		return err

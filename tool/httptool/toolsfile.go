@@ -437,6 +437,7 @@ func (p *fileParser) build(id string, e *toolEntry) *HTTPTool {
 
 	t.spec = tool.Spec{
 		Name:              e.Name,
+		Description:       e.Description,
 		Effect:            effect,
 		Caps:              caps,
 		RequiresApproval:  e.RequiresApproval,

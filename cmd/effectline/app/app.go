@@ -31,6 +31,7 @@ import (
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
 	"github.com/effectline/effectline/tool/httptool"
+	"github.com/effectline/effectline/watch"
 	"github.com/effectline/effectline/workflow"
 )
 
@@ -58,6 +59,8 @@ type App struct {
 
 	comps  []Component
 	apiSrv *api.Server
+	// Waits wakes the API's waiting requests; it runs beside the API.
+	Waits  *watch.Hub
 	health *http.Server
 	ln     net.Listener
 }
@@ -294,7 +297,7 @@ func (a *App) build(names []string) ([]Component, error) {
 				return nil, err
 			}
 			a.apiSrv = srv
-			out = append(out, Component{name, srv.Run})
+			out = append(out, Component{name, srv.Run}, Component{"waiters", a.Waits.Run})
 		}
 	}
 	if groups := consumerGroups(a.Kafka, names); len(groups) > 0 {
@@ -348,6 +351,10 @@ func (a *App) buildAPI() (*api.Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	a.Waits, err = watch.New(watch.Config{Loader: a.Store, Feed: watch.NewKafkaFeed(a.Kafka, a.Log), Logger: a.Log})
+	if err != nil {
+		return nil, err
+	}
 	srv, err := api.New(api.Config{
 		Addr: a.Config.HTTPAddr, Tokens: tokens, Approvers: approvers, Readers: a.Config.Readers,
 		Open: a.open || (a.Config.InsecureOpen && len(tokens) == 0), TopicPrefix: a.Kafka.TopicPrefix,
@@ -364,6 +371,8 @@ func (a *App) buildAPI() (*api.Server, error) {
 			reconciler.WithTelemetry(a.Tel.TracerProvider(), a.Tel.MeterProvider())),
 		Webhooks:  webhooks,
 		Workflows: a.Workflows,
+		Waits:     a.Waits,
+		Catalogue: api.RegistryCatalogue(a.Tools),
 	})
 	if err != nil {
 		return nil, err

@@ -50,15 +50,41 @@ type Config struct {
 	Via        string
 	CPUProfile string // a file for a CPU profile of the run, when set
 
+	// Wait makes each POST (Via "http") ask Prefer: wait and records how
+	// long the agent waited for its answer.
+	Wait bool
+
 	apiBase string
 	client  *http.Client
+	waits   *waitStats
+}
+
+// waitStats collects the agent-perceived latencies of waiting POSTs.
+type waitStats struct {
+	mu       sync.Mutex
+	lat      []time.Duration
+	accepted int // answered 202: the wait ran out first
+}
+
+func (s *waitStats) add(d time.Duration, status int) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if status == http.StatusOK {
+		s.lat = append(s.lat, d)
+	} else {
+		s.accepted++
+	}
 }
 
 // ErrConfig says a Config field is out of range.
-var ErrConfig = errors.New("-n, -batch and -concurrency must be positive, -rate and -warmup not negative, -via outbox or http")
+var ErrConfig = errors.New("-n, -batch and -concurrency must be positive, -rate and -warmup not negative, -via outbox or http, -wait only with -via http")
 
 func (bc Config) check() error {
-	if bc.N <= 0 || bc.Batch <= 0 || bc.Concurrency <= 0 || bc.Rate < 0 || bc.Warmup < 0 || (bc.Via != "outbox" && bc.Via != "http") {
+	if bc.N <= 0 || bc.Batch <= 0 || bc.Concurrency <= 0 || bc.Rate < 0 || bc.Warmup < 0 || (bc.Via != "outbox" && bc.Via != "http") ||
+		(bc.Wait && bc.Via != "http") {
 		return ErrConfig
 	}
 	return nil
@@ -164,6 +190,13 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 		fmt.Fprintf(stdout, "warm-up: %d operations run first, not measured\n", bc.Warmup)
 	}
 	committed := make([]time.Time, bc.N)
+	if bc.Wait {
+		bc.waits = &waitStats{}
+	}
+	var reloadsBefore, sweepsBefore int64
+	if a.Waits != nil {
+		reloadsBefore, sweepsBefore = a.Waits.Queries()
+	}
 	var agentCommits atomic.Int64
 	start := time.Now()
 	cpuBefore := sampleCPU()
@@ -245,6 +278,20 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 	if cpuMachine > 0 {
 		fmt.Fprintf(stdout, "cpu: %.2f ms per operation on the whole machine, %.2f ms of it in this process (the rest is PostgreSQL and whatever else runs)\n",
 			cpuMachine, cpuProcess)
+	}
+	if s := bc.waits; s != nil {
+		slices.Sort(s.lat)
+		wp := func(p float64) float64 {
+			if len(s.lat) == 0 {
+				return 0
+			}
+			return float64(s.lat[min(len(s.lat)-1, int(p*float64(len(s.lat))))].Microseconds()) / 1000
+		}
+		reloads, sweeps := a.Waits.Queries()
+		fmt.Fprintf(stdout, "wait: POST with Prefer: wait=20 to its 200: p50=%.1fms p95=%.1fms p99=%.1fms (%d answered 200, %d answered 202)\n",
+			wp(0.50), wp(0.95), wp(0.99), len(s.lat), s.accepted)
+		fmt.Fprintf(stdout, "wait: the waiters' own queries: %d head reloads after a feed gap, %d sweep queries, for %d waiting requests\n",
+			reloads-reloadsBefore, sweeps-sweepsBefore, bc.N)
 	}
 	fmt.Fprintf(stdout, "bench: ops=%d throughput=%.0f/s p50=%.1fms p95=%.1fms p99=%.1fms tx_per_op=%.2f duplicates=%d lost=%d\n",
 		bc.N, throughput, pct(0.50), pct(0.95), pct(0.99), float64(syncCommits)/float64(bc.N), dups, lost)
@@ -405,12 +452,26 @@ func (bc Config) post(ctx context.Context, in outbox.Intent, committed *time.Tim
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if bc.Wait {
+		req.Header.Set("Prefer", "wait=20")
+	}
+	sent := time.Now()
 	resp, err := bc.client.Do(req)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, resp.Body)
+	if bc.Wait {
+		if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusAccepted {
+			return fmt.Errorf("POST /v1/intents for %s: %s", in.OperationKey, resp.Status)
+		}
+		bc.waits.add(time.Since(sent), resp.StatusCode)
+		// The answer came after the outcome; the intent was committed
+		// about when it was sent.
+		*committed = sent
+		return nil
+	}
 	if resp.StatusCode != http.StatusAccepted {
 		return fmt.Errorf("POST /v1/intents for %s: %s", in.OperationKey, resp.Status)
 	}
