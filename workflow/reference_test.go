@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/effectline/effectline/tool/httptool"
 )
 
 // TestToolsFileReference checks that docs/tools-file.md names every key of
@@ -34,6 +36,37 @@ func TestToolsFileReference(t *testing.T) {
 		if !slices.Contains(loader, k) {
 			t.Errorf("docs/tools-file.md names %s, the loader does not accept it", k)
 		}
+	}
+}
+
+// TestToolsFileReferenceExample loads the complete file that opens
+// docs/tools-file.md, tools and workflows, so the example cannot rot.
+func TestToolsFileReferenceExample(t *testing.T) {
+	b, err := os.ReadFile("../docs/tools-file.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "```yaml\n")
+	example, _, ok2 := strings.Cut(rest, "```")
+	if !ok || !ok2 {
+		t.Fatal("docs/tools-file.md has no yaml example")
+	}
+	getenv := func(name string) string {
+		if name == "PSP_SIGNING_SECRET" {
+			return "whsec_c2VjcmV0LXRoYXQtaXMtbG9uZy1lbm91Z2g="
+		}
+		return ""
+	}
+	reg, err := httptool.Parse([]byte(example), getenv)
+	if err != nil {
+		t.Fatalf("the tools of the example do not load: %v", err)
+	}
+	set, err := Parse([]byte(example), reg)
+	if err != nil {
+		t.Fatalf("the workflows of the example do not load: %v", err)
+	}
+	if len(reg.Names()) != 3 || len(set.Names()) != 1 {
+		t.Errorf("the example loads %v and %v, want 3 tools and 1 workflow", reg.Names(), set.Names())
 	}
 }
 
