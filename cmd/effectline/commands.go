@@ -114,6 +114,10 @@ func runMigrate(ctx context.Context, args []string, getenv func(string) string, 
 }
 
 func runProjectorCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		newFlags("projector rebuild", stdout, stderr).printHelp(stdout)
+		return errHelp
+	}
 	if len(args) == 0 || args[0] != "rebuild" {
 		fmt.Fprintln(stderr, "usage: effectline projector rebuild")
 		return errUsage

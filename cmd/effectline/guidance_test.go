@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/effectline/effectline/cmd/effectline/app"
+	"github.com/effectline/effectline/cmd/effectline/ops"
 	"github.com/effectline/effectline/internal/testenv"
 )
 
@@ -112,12 +113,16 @@ func TestGuidanceHelp(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
 		{"dev", "--help"}, {"run", "--help"}, {"migrate", "-h"}, {"prune", "--help"},
-		{"bench", "--help"}, {"projector", "rebuild", "--help"},
+		{"bench", "--help"}, {"projector", "rebuild", "--help"}, {"projector", "--help"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			t.Parallel()
 			p := start(t, "effectline "+strings.Join(args, " "), nil, args...)
-			wants := []string{"Usage: effectline " + strings.Join(args[:len(args)-1], " "), "Environment:", envDatabaseURL}
+			name := strings.Join(args[:len(args)-1], " ")
+			if name == "projector" {
+				name = "projector rebuild"
+			}
+			wants := []string{"Usage: effectline " + name, "Environment:", envDatabaseURL}
 			switch args[0] {
 			case "dev":
 				wants = append(wants, "Flags:", "-demo", "-tools", envKafkaBrokers, "embedded broker", envHTTPAddr, envTools)
@@ -151,6 +156,29 @@ func TestGuidanceResumedDemo(t *testing.T) {
 	// The note comes before the recorded timeline, not after it.
 	if i, j := strings.Index(out, "already ran"), strings.Index(out, "Worked example"); i < 0 || j < 0 || i > j {
 		t.Errorf("the note does not precede the timeline:\n%s", out)
+	}
+}
+
+// TestHelpDescribesEveryVariable: every variable a command's --help lists
+// has a description, and every variable the binary reads (but the ops
+// client's, which `effectline ops` documents) is listed by some command.
+func TestHelpDescribesEveryVariable(t *testing.T) {
+	listed := map[string]bool{}
+	for name, h := range commandHelp {
+		if h.summary == "" {
+			t.Errorf("effectline %s --help has no summary", name)
+		}
+		for _, v := range h.env {
+			listed[v] = true
+			if envHelp[v] == "" {
+				t.Errorf("effectline %s --help lists %s without a description", name, v)
+			}
+		}
+	}
+	for _, v := range app.EnvVars {
+		if !listed[v] && v != ops.EnvAPIURL && v != ops.EnvAPIToken {
+			t.Errorf("%s is read by the binary, but no command's --help lists it", v)
+		}
 	}
 }
 
