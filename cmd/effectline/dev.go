@@ -10,6 +10,7 @@ import (
 	"github.com/effectline/effectline/cmd/effectline/demo"
 	"github.com/effectline/effectline/tool"
 	"github.com/effectline/effectline/tool/httptool"
+	"github.com/effectline/effectline/workflow"
 )
 
 // runDev is `effectline dev`: every component in one process, on an embedded
@@ -35,6 +36,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	}
 
 	var registry *tool.Registry
+	var workflows *workflow.Set
 	var downstream *demo.Downstream
 	if *runDemo {
 		if downstream, err = demo.StartDownstream(); err != nil {
@@ -43,6 +45,9 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 		defer downstream.Close()
 		if registry, err = httptool.Parse([]byte(downstream.ToolsYAML()), getenv); err != nil {
 			return fmt.Errorf("demo tools: %w", err)
+		}
+		if workflows, err = workflow.Parse([]byte(downstream.ToolsYAML()), registry); err != nil {
+			return fmt.Errorf("demo workflows: %w", err)
 		}
 		if cfg.ToolsFile != "" {
 			fmt.Fprintln(stdout, "note: --demo uses its own tools; ignoring", cfg.ToolsFile)
@@ -63,7 +68,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 
 	a, err := app.Open(ctx, app.Options{
 		Config: cfg, Stdout: stderr, Getenv: getenv, Components: app.Components, Migrate: true,
-		Tools: registry, Open: open, Service: "effectline-dev", Version: version,
+		Tools: registry, Workflows: workflows, Open: open, Service: "effectline-dev", Version: version,
 	})
 	if err != nil {
 		return err
@@ -91,7 +96,8 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	go func() { done <- a.Run(runCtx) }()
 
 	if *runDemo {
-		sum, err := demo.Run(runCtx, demo.Config{Store: a.Store, Downstream: downstream, Out: stdout, OrderID: *orderID, TopicPrefix: a.Kafka.TopicPrefix})
+		sum, err := demo.Run(runCtx, demo.Config{Store: a.Store, Workflows: a.Workflows,
+			Downstream: downstream, Out: stdout, OrderID: *orderID, UIBase: base})
 		if err != nil {
 			stopRun()
 			<-done

@@ -95,9 +95,12 @@ type Options struct {
 	Components []string // the components that will be built, to check for tools
 	Migrate    bool
 	Tools      *tool.Registry // overrides Config.ToolsFile (dev --demo)
-	Open       bool
-	Service    string // the OpenTelemetry service name
-	Version    string
+	// Workflows declares the workflows of Tools, a registry given in code
+	// (dev --demo); nil declares none.
+	Workflows *workflow.Set
+	Open      bool
+	Service   string // the OpenTelemetry service name
+	Version   string
 	// APIDrain: see APIShutdownDelay. Zero under dev, which nothing
 	// balances traffic to, so Ctrl-C exits at once.
 	APIDrain time.Duration
