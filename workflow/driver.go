@@ -176,7 +176,11 @@ func (d *Driver) advance(ctx context.Context, id string) (bool, error) {
 		if err != nil {
 			return err
 		}
-		ok, err := write(ctx, tx, r, p, d.svc.prefix, "")
+		tp, err := workflowTrace(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		ok, err := write(ctx, tx, r, p, d.svc.prefix, tp)
 		if err != nil {
 			return err
 		}

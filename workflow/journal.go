@@ -150,6 +150,17 @@ func recordIntent(ctx context.Context, tx pgx.Tx, in intent, principal, prefix, 
 	return nil
 }
 
+// workflowTrace returns the trace context a run was started in, journaled
+// with its first event (startTrace).
+func workflowTrace(ctx context.Context, q querier, id string) (string, error) {
+	var tp string
+	err := q.QueryRow(ctx, `SELECT traceparent FROM workflow_events WHERE workflow_id = $1 AND seq = 1`, id).Scan(&tp)
+	if err != nil {
+		return "", fmt.Errorf("loading the trace context of workflow %s: %w", id, err)
+	}
+	return tp, nil
+}
+
 // journal reads a run's events, in order.
 func journal(ctx context.Context, q querier, id string) ([]events.WorkflowEnvelope, error) {
 	rows, err := q.Query(ctx, `SELECT envelope FROM workflow_events WHERE workflow_id = $1 ORDER BY seq`, id)
