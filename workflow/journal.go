@@ -111,6 +111,9 @@ func write(ctx context.Context, tx pgx.Tx, base Record, p *plan, prefix, tracepa
 			return false, fmt.Errorf("journaling %s of workflow %s: %w", e.Type, e.WorkflowID, err)
 		}
 	}
+	if p.beforeIntents != nil && len(p.intents) > 0 {
+		p.beforeIntents()
+	}
 	for _, in := range p.intents {
 		if err := recordIntent(ctx, tx, in, rec.Principal, prefix, traceparent, rec.UpdatedAt); err != nil {
 			return false, err

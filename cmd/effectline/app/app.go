@@ -53,8 +53,8 @@ type App struct {
 	// APIShutdownDelay).
 	apiDrain time.Duration
 
-	// crashPoint is the executor's crash hook; nil unless built with the
-	// crashpoints tag (crashpoint.go).
+	// crashPoint is the executor's and the workflow driver's crash hook;
+	// nil unless built with the crashpoints tag (crashpoint.go).
 	crashPoint func(string)
 
 	comps  []Component

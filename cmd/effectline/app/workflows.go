@@ -37,7 +37,7 @@ func (a *App) workflowComponent() (Component, error) {
 	if err != nil {
 		return Component{}, err
 	}
-	d := workflow.NewDriver(a.Workflows, producer, workflow.DriverConfig{Logger: a.Log})
+	d := workflow.NewDriver(a.Workflows, producer, workflow.DriverConfig{Logger: a.Log, CrashPoint: a.crashPoint})
 	return Component{Workflow, func(ctx context.Context) error {
 		defer producer.Close()
 		return d.Run(ctx)
