@@ -187,3 +187,33 @@ func TestUIWorkflowNonApprover(t *testing.T) {
 		t.Fatal("another principal's queue lists the run")
 	}
 }
+
+// A run whose step's operation is escalated is still running: its page
+// says the decision is on the operation and links to it, and offers no
+// decision on the run.
+func TestUIWorkflowWaitingOnAnOperation(t *testing.T) {
+	t.Parallel()
+	var svc *workflow.Service
+	f, _ := setupApproval(t, openMode, withWorkflows(t, &svc))
+	// The step's operation exists already with the same call: the run
+	// adopts it.
+	escalated(t, f.store, "wf:gift-3/charge", "payments.charge", events.Irreversible, `{"amount":500,"currency":"EUR"}`)
+	if _, _, err := svc.Start(context.Background(), workflow.Start{WorkflowID: "gift-3", Workflow: "gift",
+		Input: json.RawMessage(`{}`), Principal: "billing-agent"}); err != nil {
+		t.Fatal(err)
+	}
+	b := newBrowser(t, f)
+	html := page(t, b.get(t, ui.WorkflowHref("gift-3")))
+	for _, want := range []string{
+		`data-status="running"`,
+		"whose outcome waits for an approver&#39;s decision on the operation",
+		`<a class="key" href="` + ui.OperationHref("wf:gift-3/charge") + `">`,
+	} {
+		if !strings.Contains(html, want) {
+			t.Errorf("the page of a run waiting on an escalated operation lacks %q:\n%s", want, html)
+		}
+	}
+	if strings.Contains(html, `name="action"`) {
+		t.Error("a running workflow offers decisions on the run")
+	}
+}
