@@ -167,6 +167,19 @@ func runOrder(ctx context.Context, cfg Config, tl *timeline, o order) ([]events.
 	if created {
 		cfg.Store.NotifyAppended()
 	}
+	// A resumed order's steps that ran before say so; the ones its driver
+	// records from now on are new.
+	existed := map[string]bool{}
+	if !created {
+		for _, st := range rec.Steps {
+			if st.OperationKey == "" {
+				continue
+			}
+			if _, err := cfg.Store.Load(ctx, st.OperationKey); err == nil {
+				existed[st.OperationKey] = true
+			}
+		}
+	}
 	var ops []events.Operation
 	var wfSeq int64
 	deadline := time.Now().Add(cfg.StepTimeout * time.Duration(len(Steps)))
@@ -198,7 +211,7 @@ func runOrder(ctx context.Context, cfg Config, tl *timeline, o order) ([]events.
 			why = w
 		}
 		fmt.Fprintf(cfg.Out, "\n%s  (%s)\n", step.Tool, why)
-		if !created {
+		if existed[key] {
 			fmt.Fprintf(cfg.Out, "  (operation %s already exists: resuming it)\n", key)
 		}
 		tl.first = i == 0
