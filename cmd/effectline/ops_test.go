@@ -4,17 +4,18 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/IBM/sarama"
+	"unicode/utf8"
 
 	"github.com/effectline/effectline/cmd/effectline/ops"
 	"github.com/effectline/effectline/internal/testenv"
@@ -234,61 +235,71 @@ func TestOps(t *testing.T) {
 	})
 
 	t.Run("dlq", func(t *testing.T) {
+		// Real dead letters: messages on the intents topic that the
+		// executor can never turn into an operation, copied by it to the
+		// dead-letter topic with the reason and where they were.
 		topic := "effectline.intents.dlq"
-		opsCreateTopic(t, w.broker.Addrs, topic)
-		bad := []struct{ key, value, reason, offset string }{
-			{"ops/poison-1", `{"not":"an envelope"`, "malformed JSON", "7"},
-			{"ops/poison-2", "\x00\xffbinary", "not JSON", "8"},
+		bad := []struct{ key, value, reason string }{
+			{"ops/poison-1", `{"event_id":"x","type":"intent.recorded"}`, "invalid_envelope"},
+			{"ops/poison-2", "\x00\xffbinary", "not_json"},
 		}
 		for _, b := range bad {
-			w.broker.Produce(t, topic, []byte(b.key), []byte(b.value), map[string]string{
-				"effectline_error": b.reason, "effectline_topic": "effectline.intents",
-				"effectline_partition": "2", "effectline_offset": b.offset,
-			})
+			w.broker.Produce(t, "effectline.intents", []byte(b.key), []byte(b.value), nil)
+		}
+		type deadLetter struct {
+			Key             string `json:"key"`
+			Value           string `json:"value"`
+			ValueBase64     string `json:"value_base64"`
+			Reason          string `json:"reason"`
+			Detail          string `json:"detail"`
+			SourceTopic     string `json:"source_topic"`
+			SourcePartition string `json:"source_partition"`
+			SourceOffset    string `json:"source_offset"`
 		}
 		var got struct {
-			Topic string `json:"topic"`
-			Items []struct {
-				Key             string `json:"key"`
-				Value           string `json:"value"`
-				ValueBase64     string `json:"value_base64"`
-				Reason          string `json:"reason"`
-				SourceTopic     string `json:"source_topic"`
-				SourcePartition string `json:"source_partition"`
-				SourceOffset    string `json:"source_offset"`
-			} `json:"items"`
+			Topic string       `json:"topic"`
+			Items []deadLetter `json:"items"`
 		}
-		out := agent.ok(t, "dlq", "--json")
-		if err := json.Unmarshal([]byte(out), &got); err != nil {
-			t.Fatalf("ops dlq --json is not JSON: %v\n%s", err, out)
+		var out string
+		found := map[string]deadLetter{}
+		waitFor(t, ctx, "ops dlq --json to show the executor's dead letters", func() bool {
+			out = agent.ok(t, "dlq", "--json")
+			if err := json.Unmarshal([]byte(out), &got); err != nil {
+				t.Fatalf("ops dlq --json is not JSON: %v\n%s", err, out)
+			}
+			for _, it := range got.Items {
+				found[it.Key] = it
+			}
+			return len(found) >= len(bad)
+		})
+		if got.Topic != topic {
+			t.Errorf("ops dlq --json: topic %q, want %s", got.Topic, topic)
 		}
-		found := 0
-		for _, it := range got.Items {
-			for _, b := range bad {
-				if it.Key != b.key {
-					continue
+		for _, b := range bad {
+			it, ok := found[b.key]
+			if !ok {
+				t.Errorf("dead letter %s missing:\n%s", b.key, out)
+				continue
+			}
+			value := it.Value
+			if it.ValueBase64 != "" {
+				v, err := base64.StdEncoding.DecodeString(it.ValueBase64)
+				if err != nil {
+					t.Errorf("dead letter %s: value_base64 %q: %v", b.key, it.ValueBase64, err)
 				}
-				found++
-				value := it.Value
-				if it.ValueBase64 != "" {
-					value = "(base64)"
-					if b.key == "ops/poison-1" {
-						t.Errorf("a UTF-8 value came as base64")
-					}
-				}
-				if b.key == "ops/poison-1" && value != b.value {
-					t.Errorf("dead letter %s: value %q, want %q", b.key, value, b.value)
-				}
-				if it.Reason != b.reason || it.SourceTopic != "effectline.intents" || it.SourcePartition != "2" || it.SourceOffset != b.offset {
-					t.Errorf("dead letter %s: %+v", b.key, it)
+				value = string(v)
+				if utf8.ValidString(b.value) {
+					t.Errorf("dead letter %s: a UTF-8 value came as base64", b.key)
 				}
 			}
-		}
-		if found != len(bad) || got.Topic != topic {
-			t.Errorf("ops dlq --json: topic %q, found %d of the %d dead letters:\n%s", got.Topic, found, len(bad), out)
+			_, perr := strconv.Atoi(it.SourcePartition)
+			_, oerr := strconv.ParseInt(it.SourceOffset, 10, 64)
+			if value != b.value || it.Reason != b.reason || it.Detail == "" || it.SourceTopic != "effectline.intents" || perr != nil || oerr != nil {
+				t.Errorf("dead letter %s: %+v, want value %q, reason %s and where it was", b.key, it, b.value, b.reason)
+			}
 		}
 		table := agent.ok(t, "dlq")
-		if !strings.Contains(table, "malformed JSON") || !strings.Contains(table, "effectline.intents/2/7") || !strings.Contains(table, `\x00`) {
+		if !strings.Contains(table, "invalid_envelope") || !strings.Contains(table, "effectline.intents/") || !strings.Contains(table, `\x00`) {
 			t.Errorf("ops dlq table:\n%s", table)
 		}
 		other := agent
@@ -411,21 +422,4 @@ func opsWaitStatus(t *testing.T, ctx context.Context, e opsEnv, key, status stri
 		}
 		return rec.Status == status
 	})
-}
-
-// opsCreateTopic creates topic unless it exists (the dead-letter writer may
-// provision it at start).
-func opsCreateTopic(t *testing.T, brokers []string, topic string) {
-	t.Helper()
-	cfg := sarama.NewConfig()
-	cfg.Version = sarama.V2_8_0_0
-	admin, err := sarama.NewClusterAdmin(brokers, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	err = admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 3, ReplicationFactor: 1}, false)
-	if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
-		t.Fatalf("creating %s: %v", topic, err)
-	}
 }

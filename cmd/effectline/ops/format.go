@@ -145,8 +145,8 @@ func writeDeadLetters(w io.Writer, dls []DeadLetter) error {
 	tw := newTable(w)
 	fmt.Fprintln(tw, "PARTITION\tOFFSET\tTIME\tKEY\tREASON\tSOURCE\tVALUE")
 	for _, d := range dls {
-		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\n", d.Partition, d.Offset, stamp(d.Timestamp),
-			cell(string(d.Key), 48), cell(d.Reason(), 60), d.source(), cell(string(d.Value), 80))
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\n", d.DLQPartition, d.DLQOffset, stamp(d.At),
+			cell(string(d.Key), 48), cell(d.Reason, 60), d.source(), cell(string(d.Value), 80))
 	}
 	return tw.Flush()
 }

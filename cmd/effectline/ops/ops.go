@@ -17,6 +17,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/effectline/effectline/events"
 )
 
 // Environment variables ops reads. The Kafka ones are the ones every
@@ -28,10 +30,8 @@ const (
 	EnvKafkaBrokers = "EFFECTLINE_KAFKA_BROKERS"
 	EnvTopicPrefix  = "EFFECTLINE_TOPIC_PREFIX"
 	DefaultAPIURL   = "http://127.0.0.1:8080"
-	// defaultTopicPrefix is the contract's prefix of topic names.
-	defaultTopicPrefix = "effectline."
 	// dlqSuffix names the dead-letter topic of the intents topic.
-	dlqSuffix = "intents.dlq"
+	dlqSuffix = events.TopicIntentsDLQ
 )
 
 // Usage is the help of `effectline ops`.
@@ -41,9 +41,10 @@ const Usage = `Usage: effectline ops COMMAND [flags]
   show KEY                                   an operation's record and its event history
   watch KEY                                  print each event as it is journaled, until the operation settles
   decide KEY ACTION [--note TEXT] [--downstream-id ID]
-                                             record a decision: record_success, retry, compensate or abandon
-  workflows [ID]                             workflows, or one workflow
-  dlq [--limit N]                            the dead letters on the intents' dead-letter topic (from Kafka)
+                                             record a decision: record_success, retry, compensate or abandon;
+                                             --downstream-id goes with record_success, to a server that takes it
+  workflows [--status S] [ID]                the newest workflows, or one workflow with its steps
+  dlq [--limit N]                            the dead letters on the intents' dead-letter topic (from Kafka), oldest first
 
 Every command takes --json: one JSON document (watch: one event per line).
 The API is EFFECTLINE_API_URL (default http://127.0.0.1:8080), with the bearer
@@ -449,7 +450,7 @@ func (e env) workflows(ctx context.Context, args []string) error {
 
 func (e env) dlq(ctx context.Context, args []string) error {
 	fs := e.flags("dlq")
-	limit := fs.Int("limit", 0, "only the last N dead letters of each partition, and N in all (0: all)")
+	limit := fs.Int("limit", 0, "only the newest N dead letters (0: all)")
 	if _, err := parse(fs, args, 0, 0, "no arguments"); err != nil {
 		return err
 	}
@@ -467,9 +468,9 @@ func (e env) dlq(ctx context.Context, args []string) error {
 	}
 	prefix := e.getenv(EnvTopicPrefix)
 	if prefix == "" {
-		prefix = defaultTopicPrefix
+		prefix = events.DefaultTopicPrefix
 	}
-	dls, err := readDeadLetters(ctx, brokers, prefix+dlqSuffix, *limit)
+	dls, err := readDeadLetters(ctx, brokers, prefix, *limit)
 	if err != nil {
 		return err
 	}
