@@ -324,7 +324,9 @@ func (e env) watch(ctx context.Context, args []string) error {
 		}
 		return nil
 	}
-	op, err := watch(ctx, &pollStream{c: c, key: pos[0]}, emit)
+	s := &sseStream{c: c, key: pos[0]}
+	defer s.close()
+	op, err := watch(ctx, s, emit)
 	if err != nil {
 		return err
 	}

@@ -349,3 +349,101 @@ func TestRunUsage(t *testing.T) {
 		t.Errorf("dlq without brokers: %v", err)
 	}
 }
+
+// sseEvent is one event of a fake stream: id = seq, data = the envelope.
+func sseEvent(w io.Writer, seq int64, typ string) {
+	fmt.Fprintf(w, "id: %d\nevent: %s\ndata: {\"seq\":%d,\"type\":%q,\n", seq, typ, seq, typ)
+	fmt.Fprintf(w, "data: \"operation_key\":\"k/1\"}\n\n")
+}
+
+func TestWatchReadsTheStreamAndResumesAfterADrop(t *testing.T) {
+	var mu sync.Mutex
+	var lastIDs []string
+	records := 0
+	f := newFakeAPI(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.EscapedPath() {
+		case "/v1/operations/k%2F1/events":
+			mu.Lock()
+			lastIDs = append(lastIDs, r.Header.Get("Last-Event-ID"))
+			n := len(lastIDs)
+			mu.Unlock()
+			if r.Header.Get("Accept") != "text/event-stream" {
+				writeBody(w, 406, `{"error":"not_acceptable"}`)
+				return
+			}
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(200)
+			if n == 1 {
+				io.WriteString(w, ": keepalive\n\n")
+				sseEvent(w, 1, "intent.recorded")
+				sseEvent(w, 2, "attempt.started")
+				io.WriteString(w, "id: 3\ndata: {\"seq\":3,")
+				w.(http.Flusher).Flush()
+				panic(http.ErrAbortHandler) // the connection drops mid-event
+			}
+			sseEvent(w, 3, "attempt.failed")
+			sseEvent(w, 4, "attempt.succeeded")
+		case "/v1/operations/k%2F1":
+			mu.Lock()
+			records++
+			mu.Unlock()
+			writeBody(w, 200, `{"operation_key":"k/1","status":"completed","seq":4,"outcome":{"state":"succeeded","next":"done"},
+				"events":[{"seq":1,"type":"intent.recorded"},{"seq":2,"type":"attempt.started"},{"seq":3,"type":"attempt.failed"},{"seq":4,"type":"attempt.succeeded"}]}`)
+		default:
+			writeBody(w, 404, `{"error":"not_found"}`)
+		}
+	})
+	out, _, err := f.run("watch", "k/1", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seqs []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var ev Event
+		if err := json.Unmarshal([]byte(line), &ev); err != nil || ev.OperationKey != "k/1" {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		seqs = append(seqs, fmt.Sprint(ev.Seq))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Join(seqs, " ") != "1 2 3 4" {
+		t.Errorf("printed %v, want every event once, in order\n%s", seqs, out)
+	}
+	// Reopened after the last whole event; the record read once, at the end.
+	if fmt.Sprint(lastIDs) != "[ 2]" || records != 1 {
+		t.Errorf("streams opened with Last-Event-ID %q, %d reads of the record: want [ 2] and 1", lastIDs, records)
+	}
+}
+
+func TestWatchPollsAServerWithoutTheStream(t *testing.T) {
+	for _, status := range []int{404, 406} {
+		polls := 0
+		f := newFakeAPI(t, func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.EscapedPath() {
+			case "/v1/operations/k/events":
+				w.WriteHeader(status)
+				io.WriteString(w, "404 page not found\n")
+			case "/v1/operations/k":
+				polls++
+				if polls == 1 {
+					writeBody(w, 200, `{"operation_key":"k","status":"in_progress","seq":1,"events":[{"seq":1,"type":"intent.recorded"}]}`)
+					return
+				}
+				writeBody(w, 200, `{"operation_key":"k","status":"completed","seq":2,"events":[{"seq":1,"type":"intent.recorded"},{"seq":2,"type":"attempt.succeeded"}]}`)
+			}
+		})
+		out, _, err := f.run("watch", "k")
+		if err != nil || !strings.Contains(out, "intent.recorded") || !strings.Contains(out, "attempt.succeeded") ||
+			!strings.Contains(out, "settled: completed") || polls != 2 {
+			t.Errorf("%d on the stream: %v, %d polls\n%s", status, err, polls, out)
+		}
+	}
+	// An unknown key: the stream's 404, then the record's, which is shown.
+	f := newFakeAPI(t, func(w http.ResponseWriter, r *http.Request) {
+		writeBody(w, 404, `{"error":"not_found","detail":"no operation with this key"}`)
+	})
+	if _, _, err := f.run("watch", "nope"); !IsStatus(err, 404) || !strings.Contains(err.Error(), "GET /v1/operations/nope:") {
+		t.Errorf("watch of an unknown key: %v", err)
+	}
+}

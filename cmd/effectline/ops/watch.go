@@ -5,9 +5,10 @@ import (
 	"time"
 )
 
-// eventStream yields an operation's events in seq order. The API's SSE
-// stream (GET /v1/operations/{key}/events) is one way to implement it;
-// pollStream, over GET /v1/operations/{key}, works against every server.
+// eventStream yields an operation's events in seq order. sseStream reads
+// the API's SSE stream (GET /v1/operations/{key}/events); pollStream, over
+// GET /v1/operations/{key}, works against every server, and is what
+// sseStream falls back to on a server without the stream.
 type eventStream interface {
 	// next blocks until the operation has events after seq after, or has
 	// settled, and returns those events (in seq order) with the record
