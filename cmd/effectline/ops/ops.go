@@ -360,8 +360,9 @@ func settledLine(op Operation) string {
 }
 
 // decisionRequest is the body of POST /v1/operations/{key}/decisions.
-// downstream_id goes only with record_success, and only when given, so a
-// server that takes no downstream_id still accepts every other decision.
+// downstream_id is for record_success, and is sent only when given: the
+// API refuses members it does not know (400 on downstream_id) until it
+// takes the id, so every decision without one works against any server.
 type decisionRequest struct {
 	Action       string `json:"action"`
 	Note         string `json:"note,omitempty"`
@@ -371,7 +372,7 @@ type decisionRequest struct {
 func (e env) decide(ctx context.Context, args []string) error {
 	fs := e.flags("decide")
 	note := fs.String("note", "", "why: journaled with the decision and the approver's identity")
-	downstreamID := fs.String("downstream-id", "", "record_success: the downstream's id of the effect that happened")
+	downstreamID := fs.String("downstream-id", "", "record_success: the downstream's id of the effect that happened (a server that does not take it yet answers 400)")
 	pos, err := parse(fs, args, 2, 2, "an operation key and an action")
 	if err != nil {
 		return err
