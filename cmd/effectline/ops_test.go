@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -29,13 +30,19 @@ import (
 func TestOps(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
+	// The world's tools, and a one-step workflow over them for `ops workflows`.
+	tools := filepath.Join(t.TempDir(), "tools.yaml")
+	if err := os.WriteFile(tools, []byte(strings.ReplaceAll(e2eTools+opsWorkflow, "URL", w.fake.URL)), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	start(t, "effectline run", w.with(map[string]string{
 		envHTTPAddr:  addr,
+		envTools:     tools,
 		envAPITokens: "agent=tok-agent-7f3e91c2,alice=tok-alice-5b8d04aa",
 		envApprovers: "alice",
 		envLogLevel:  "warn",
-	}), "run", "--components", "relay,executor,projector,reconciler,api")
+	}), "run", "--components", "relay,executor,projector,reconciler,workflow,api")
 	base := "http://" + addr
 	ctx := untilCtx(t, 4*time.Minute)
 	waitFor(t, ctx, "the API to be ready", func() bool {
@@ -226,11 +233,70 @@ func TestOps(t *testing.T) {
 	})
 
 	t.Run("workflows", func(t *testing.T) {
-		for _, args := range [][]string{{"workflows"}, {"workflows", "wf-1"}, {"workflows", "--json"}} {
-			_, stderr := agent.fail(t, args...)
-			if !strings.Contains(stderr, "no workflow API") {
-				t.Errorf("ops %s: stderr %q, want it to say the server has no workflow API", strings.Join(args, " "), stderr)
+		const id = "ops-wf-1"
+		body := `{"workflow_id":"` + id + `","workflow":"ops.warm","input":{"k":"v"}}`
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/workflows", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer tok-agent-7f3e91c2")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("POST /v1/workflows: %s", resp.Status)
+		}
+		var wf struct {
+			WorkflowID string `json:"workflow_id"`
+			Workflow   string `json:"workflow"`
+			Status     string `json:"status"`
+			Steps      []struct {
+				Name         string `json:"name"`
+				Status       string `json:"status"`
+				OperationKey string `json:"operation_key"`
+			} `json:"steps"`
+		}
+		waitFor(t, ctx, "ops workflows "+id+" --json to show the run completed", func() bool {
+			out := agent.ok(t, "workflows", id, "--json")
+			if err := json.Unmarshal([]byte(out), &wf); err != nil {
+				t.Fatalf("ops workflows ID --json is not JSON: %v\n%s", err, out)
 			}
+			return wf.Status == "completed"
+		})
+		if wf.WorkflowID != id || wf.Workflow != "ops.warm" || len(wf.Steps) != 1 || wf.Steps[0].Status != "completed" || wf.Steps[0].OperationKey == "" {
+			t.Errorf("ops workflows %s --json: %+v", id, wf)
+		}
+		table := agent.ok(t, "workflows", id)
+		for _, want := range []string{"workflow_id", id, "ops.warm", "STEP", "warm", wf.Steps[0].OperationKey} {
+			if !strings.Contains(table, want) {
+				t.Errorf("ops workflows %s table lacks %q:\n%s", id, want, table)
+			}
+		}
+		var page struct {
+			Workflows []struct {
+				WorkflowID string `json:"workflow_id"`
+				Status     string `json:"status"`
+			} `json:"workflows"`
+		}
+		out := agent.ok(t, "workflows", "--status", "completed", "--json")
+		if err := json.Unmarshal([]byte(out), &page); err != nil || len(page.Workflows) != 1 || page.Workflows[0].WorkflowID != id {
+			t.Errorf("ops workflows --status completed --json: %+v (%v)\n%s", page, err, out)
+		}
+		table = agent.ok(t, "workflows")
+		if !strings.HasPrefix(table, "ID ") || !strings.Contains(table, id) || !strings.Contains(table, "completed") {
+			t.Errorf("ops workflows table:\n%s", table)
+		}
+		// An unknown id is the server's 404, not a missing workflow API.
+		_, stderr := agent.fail(t, "workflows", "ops-wf-nope")
+		if !strings.Contains(stderr, "404") || strings.Contains(stderr, "no workflow API") {
+			t.Errorf("ops workflows of an unknown id: stderr %q, want the API's 404", stderr)
+		}
+		_, stderr = agent.fail(t, "workflows", "--status", "exploded")
+		if !strings.Contains(stderr, "400") || !strings.Contains(stderr, "status") {
+			t.Errorf("ops workflows --status exploded: stderr %q, want the API's 400 on status", stderr)
 		}
 	})
 
@@ -334,6 +400,15 @@ func TestOps(t *testing.T) {
 		agent.fail(t, "list", "--bogus")
 	})
 }
+
+// opsWorkflow is a workflow over e2eTools, appended to them.
+const opsWorkflow = `workflows:
+  - name: ops.warm
+    steps:
+      - name: warm
+        tool: cache.set
+        args: {k: "{{.Input.k}}"}
+`
 
 // opsEnv is the environment an operator's shell gives `effectline ops`.
 type opsEnv struct {

@@ -140,6 +140,38 @@ func writeWorkflows(w io.Writer, wfs []Workflow) error {
 	return tw.Flush()
 }
 
+// writeWorkflow writes one workflow record, then its steps.
+func writeWorkflow(w io.Writer, f Workflow) error {
+	tw := newTable(w)
+	row := func(name, value string) {
+		if value != "" {
+			fmt.Fprintf(tw, "%s\t%s\n", name, value)
+		}
+	}
+	row("workflow_id", cell(f.WorkflowID, 512))
+	row("workflow", f.Workflow)
+	row("status", f.Status)
+	row("principal", f.Principal)
+	row("current_step", f.Current)
+	row("awaiting", cell(f.Awaiting, 512))
+	row("created_at", stamp(f.CreatedAt))
+	row("updated_at", stamp(f.UpdatedAt))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(f.Steps) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w)
+	tw = newTable(w)
+	fmt.Fprintln(tw, "STEP\tTOOL\tCLASS\tSTATUS\tOPERATION\tDOWNSTREAM_ID")
+	for _, s := range f.Steps {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", cell(s.Name, 32), cell(s.Tool, 32), s.EffectClass, s.Status,
+			cell(s.OperationKey, 64), cell(s.DownstreamID, 48))
+	}
+	return tw.Flush()
+}
+
 // writeDeadLetters writes dead letters as a table.
 func writeDeadLetters(w io.Writer, dls []DeadLetter) error {
 	tw := newTable(w)

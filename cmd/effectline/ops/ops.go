@@ -437,18 +437,16 @@ func (e env) workflows(ctx context.Context, args []string) error {
 		if err := json.Unmarshal(b, &wf); err != nil {
 			return fmt.Errorf("GET /v1/workflows/%s: the answer is not a workflow: %w", pos[0], err)
 		}
-		return writeWorkflows(e.stdout, []Workflow{wf})
+		return writeWorkflow(e.stdout, wf)
 	}
 	if e.json {
 		return e.printJSON(json.RawMessage(b))
 	}
-	var page struct {
-		Items []Workflow `json:"items"`
-	}
+	var page workflowPage
 	if err := json.Unmarshal(b, &page); err != nil {
 		return fmt.Errorf("GET /v1/workflows: the answer is not a page of workflows: %w", err)
 	}
-	return writeWorkflows(e.stdout, page.Items)
+	return writeWorkflows(e.stdout, page.Workflows)
 }
 
 func (e env) dlq(ctx context.Context, args []string) error {

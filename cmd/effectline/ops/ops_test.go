@@ -228,9 +228,10 @@ func TestWorkflows(t *testing.T) {
 	some := newFakeAPI(t, func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/v1/workflows":
-			writeBody(w, 200, `{"items":[{"workflow_id":"wf-1","workflow":"order.checkout","status":"running"}]}`)
+			writeBody(w, 200, `{"workflows":[{"workflow_id":"wf-1","workflow":"order.checkout","status":"running"}]}`)
 		case "/v1/workflows/wf-1":
-			writeBody(w, 200, `{"workflow_id":"wf-1","workflow":"order.checkout","status":"completed"}`)
+			writeBody(w, 200, `{"workflow_id":"wf-1","workflow":"order.checkout","status":"completed",
+				"steps":[{"name":"reserve","tool":"inventory.reserve","status":"completed","operation_key":"wf:wf-1/reserve"}]}`)
 		default:
 			writeBody(w, 404, `{"error":"not_found","detail":"no workflow with this id"}`)
 		}
@@ -238,6 +239,10 @@ func TestWorkflows(t *testing.T) {
 	out, _, err := some.run("workflows")
 	if err != nil || !strings.Contains(out, "order.checkout") || !strings.Contains(out, "running") {
 		t.Errorf("workflows: %v\n%s", err, out)
+	}
+	out, _, err = some.run("workflows", "wf-1")
+	if err != nil || !strings.Contains(out, "STEP") || !strings.Contains(out, "wf:wf-1/reserve") || !strings.Contains(out, "completed") {
+		t.Errorf("workflows wf-1: %v\n%s", err, out)
 	}
 	out, _, err = some.run("workflows", "wf-1", "--json")
 	var wf Workflow
