@@ -150,6 +150,20 @@ func parse(fs *flag.FlagSet, args []string, min, max int, what string) ([]string
 	return pos, nil
 }
 
+// connect parses the command line of an API command (see parse) and makes
+// the API's client.
+func (e env) connect(fs *flag.FlagSet, args []string, min, max int, what string) ([]string, *client, error) {
+	pos, err := parse(fs, args, min, max, what)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := e.client()
+	if err != nil {
+		return nil, nil, err
+	}
+	return pos, c, nil
+}
+
 // printJSON writes v as one indented JSON document.
 func (e env) printJSON(v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
@@ -175,15 +189,12 @@ func (e env) list(ctx context.Context, args []string) error {
 	status := fs.String("status", "", "only operations in this status")
 	tool := fs.String("tool", "", "only operations of this tool")
 	limit := fs.Int("limit", 0, "at most this many operations (0: all)")
-	if _, err := parse(fs, args, 0, 0, "no arguments"); err != nil {
+	_, c, err := e.connect(fs, args, 0, 0, "no arguments")
+	if err != nil {
 		return err
 	}
 	if *limit < 0 {
 		return errors.New("effectline ops list: --limit must be 0 or more")
-	}
-	c, err := e.client()
-	if err != nil {
-		return err
 	}
 	var items []json.RawMessage
 	cursor := ""
@@ -274,12 +285,7 @@ func decodeOperation(b []byte) (Operation, error) {
 }
 
 func (e env) show(ctx context.Context, args []string) error {
-	fs := e.flags("show")
-	pos, err := parse(fs, args, 1, 1, "one operation key")
-	if err != nil {
-		return err
-	}
-	c, err := e.client()
+	pos, c, err := e.connect(e.flags("show"), args, 1, 1, "one operation key")
 	if err != nil {
 		return err
 	}
@@ -294,12 +300,7 @@ func (e env) show(ctx context.Context, args []string) error {
 }
 
 func (e env) watch(ctx context.Context, args []string) error {
-	fs := e.flags("watch")
-	pos, err := parse(fs, args, 1, 1, "one operation key")
-	if err != nil {
-		return err
-	}
-	c, err := e.client()
+	pos, c, err := e.connect(e.flags("watch"), args, 1, 1, "one operation key")
 	if err != nil {
 		return err
 	}
@@ -373,11 +374,7 @@ func (e env) decide(ctx context.Context, args []string) error {
 	fs := e.flags("decide")
 	note := fs.String("note", "", "why: journaled with the decision and the approver's identity")
 	downstreamID := fs.String("downstream-id", "", "record_success: the downstream's id of the effect that happened (a server that does not take it yet answers 400)")
-	pos, err := parse(fs, args, 2, 2, "an operation key and an action")
-	if err != nil {
-		return err
-	}
-	c, err := e.client()
+	pos, c, err := e.connect(fs, args, 2, 2, "an operation key and an action")
 	if err != nil {
 		return err
 	}
@@ -403,11 +400,7 @@ var ErrNoWorkflowAPI = errors.New("the server has no workflow API")
 func (e env) workflows(ctx context.Context, args []string) error {
 	fs := e.flags("workflows")
 	status := fs.String("status", "", "only workflows in this status")
-	pos, err := parse(fs, args, 0, 1, "at most one workflow id")
-	if err != nil {
-		return err
-	}
-	c, err := e.client()
+	pos, c, err := e.connect(fs, args, 0, 1, "at most one workflow id")
 	if err != nil {
 		return err
 	}
