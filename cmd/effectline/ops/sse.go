@@ -123,14 +123,7 @@ func (s *sseStream) backoff(ctx context.Context) bool {
 	}
 	d := min(sseBackoff<<s.drops, sseBackoffMax)
 	s.drops++
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
+	return sleep(ctx, d)
 }
 
 func (s *sseStream) open(ctx context.Context, after int64) error {

@@ -53,14 +53,22 @@ func (p *pollStream) next(ctx context.Context, after int64) ([]Event, Operation,
 			p.delay = pollMin
 			return fresh, op, nil
 		}
-		t := time.NewTimer(p.delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleep(ctx, p.delay) {
 			return nil, Operation{}, ctx.Err()
-		case <-t.C:
 		}
 		p.delay = min(2*p.delay, pollMax)
+	}
+}
+
+// sleep waits d or until ctx is done, reporting whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
