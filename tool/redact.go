@@ -29,19 +29,36 @@ func (s *Spec) Redact(args json.RawMessage) json.RawMessage {
 	if len(bytes.TrimSpace(args)) == 0 {
 		return args
 	}
-	dec := json.NewDecoder(bytes.NewReader(args))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
+	v, err := decodeJSON(args)
+	if err != nil {
 		return json.RawMessage(`"` + Redacted + `"`)
 	}
-	doc := s.schemaDoc
-	if doc == nil && len(s.ArgsSchema) > 0 {
-		sd := json.NewDecoder(bytes.NewReader(s.ArgsSchema))
-		sd.UseNumber()
-		_ = sd.Decode(&doc) // a broken schema only loses the schema's marks
+	return encodeRedacted(redactValue(v, s.argsDoc()))
+}
+
+// decodeJSON decodes one JSON value, numbers kept as written.
+func decodeJSON(b []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	err := dec.Decode(&v)
+	return v, err
+}
+
+// argsDoc is the args schema as a decoded document: the one decoded when
+// the spec was compiled, else ArgsSchema decoded now (a broken schema
+// only loses the schema's marks).
+func (s *Spec) argsDoc() any {
+	if s.schemaDoc != nil || len(s.ArgsSchema) == 0 {
+		return s.schemaDoc
 	}
-	v = redactValue(v, doc)
+	doc, _ := decodeJSON(s.ArgsSchema)
+	return doc
+}
+
+// encodeRedacted encodes a redacted value without HTML escaping (the
+// value is shown as it was), or "[redacted]" whole if it cannot be.
+func encodeRedacted(v any) json.RawMessage {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -137,20 +154,11 @@ func (s *Spec) RedactEcho(args, body json.RawMessage) json.RawMessage {
 	if len(values) == 0 || len(bytes.TrimSpace(red)) == 0 {
 		return red
 	}
-	dec := json.NewDecoder(bytes.NewReader(red))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
+	v, err := decodeJSON(red)
+	if err != nil {
 		return json.RawMessage(`"` + Redacted + `"`)
 	}
-	v = replaceValues(v, values)
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return json.RawMessage(`"` + Redacted + `"`)
-	}
-	return json.RawMessage(bytes.TrimRight(buf.Bytes(), "\n"))
+	return encodeRedacted(replaceValues(v, values))
 }
 
 // sensitiveValues returns the string and number values (as written) under
@@ -160,18 +168,11 @@ func (s *Spec) sensitiveValues(args json.RawMessage) []string {
 	if len(bytes.TrimSpace(args)) == 0 {
 		return nil
 	}
-	dec := json.NewDecoder(bytes.NewReader(args))
-	dec.UseNumber()
-	var v any
-	if dec.Decode(&v) != nil {
+	v, err := decodeJSON(args)
+	if err != nil {
 		return nil
 	}
-	doc := s.schemaDoc
-	if doc == nil && len(s.ArgsSchema) > 0 {
-		sd := json.NewDecoder(bytes.NewReader(s.ArgsSchema))
-		sd.UseNumber()
-		_ = sd.Decode(&doc)
-	}
+	doc := s.argsDoc()
 	seen := map[string]bool{}
 	var out []string
 	var collect func(v, schema any, sensitive bool)
