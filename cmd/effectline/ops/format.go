@@ -19,6 +19,16 @@ func newTable(w io.Writer) *tabwriter.Writer {
 	return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 }
 
+// fieldRow returns a writer of one record's name-value rows on tw, which
+// leaves out the empty values: a record shows what it has.
+func fieldRow(tw io.Writer) func(name, value string) {
+	return func(name, value string) {
+		if value != "" {
+			fmt.Fprintf(tw, "%s\t%s\n", name, value)
+		}
+	}
+}
+
 // writeOperations writes a list of operations as a table.
 func writeOperations(w io.Writer, ops []Operation) error {
 	tw := newTable(w)
@@ -33,11 +43,7 @@ func writeOperations(w io.Writer, ops []Operation) error {
 // writeOperation writes one record, then its history.
 func writeOperation(w io.Writer, o Operation) error {
 	tw := newTable(w)
-	row := func(name, value string) {
-		if value != "" {
-			fmt.Fprintf(tw, "%s\t%s\n", name, value)
-		}
-	}
+	row := fieldRow(tw)
 	row("operation_key", cell(o.OperationKey, 512))
 	row("tool", o.Tool)
 	row("effect_class", o.EffectClass)
@@ -143,11 +149,7 @@ func writeWorkflows(w io.Writer, wfs []Workflow) error {
 // writeWorkflow writes one workflow record, then its steps.
 func writeWorkflow(w io.Writer, f Workflow) error {
 	tw := newTable(w)
-	row := func(name, value string) {
-		if value != "" {
-			fmt.Fprintf(tw, "%s\t%s\n", name, value)
-		}
-	}
+	row := fieldRow(tw)
 	row("workflow_id", cell(f.WorkflowID, 512))
 	row("workflow", f.Workflow)
 	row("status", f.Status)
