@@ -23,15 +23,7 @@ func (e *Executor) runAttempt(ctx context.Context, span trace.Span, op events.Op
 	stop := e.heartbeat(ctx, op)
 	started := e.cfg.Now()
 	e.crashPoint(PointBeforeCall)
-	res := t.Invoke(ctx, tool.Call{
-		OperationKey:  op.Key,
-		DownstreamKey: op.DownstreamKey,
-		DownstreamID:  op.DownstreamID,
-		UndoRef:       op.UndoRef,
-		Principal:     op.Principal,
-		Attempt:       op.Attempt,
-		Args:          op.Args,
-	})
+	res := t.Invoke(ctx, tool.CallOf(op))
 	stop()
 	e.crashPoint(PointAfterResponse)
 	// The result is journaled, stored in the record and returned to every
@@ -93,15 +85,7 @@ func attemptFailed(op events.Operation, res tool.Result, retryAt *time.Time) eve
 func (e *Executor) runCompensation(ctx context.Context, span trace.Span, op events.Operation, t tool.Tool) {
 	stop := e.heartbeat(ctx, op)
 	started := e.cfg.Now()
-	res := t.(tool.Compensator).Compensate(ctx, tool.Call{
-		OperationKey:  op.Key,
-		DownstreamKey: op.DownstreamKey,
-		DownstreamID:  op.DownstreamID,
-		UndoRef:       op.UndoRef,
-		Principal:     op.Principal,
-		Attempt:       op.Attempt,
-		Args:          op.Args,
-	})
+	res := t.(tool.Compensator).Compensate(ctx, tool.CallOf(op))
 	stop()
 	now := e.cfg.Now()
 	var spec eventSpec
