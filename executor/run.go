@@ -44,7 +44,7 @@ func (e *Executor) runAttempt(ctx context.Context, span trace.Span, op events.Op
 }
 
 // outcomeSpec turns a classified result into the outcome event, deciding the
-// next step per effect class (DESIGN §2).
+// next step per effect class (contract §2).
 func outcomeSpec(op events.Operation, res tool.Result, caps policy.Caps, now time.Time, rnd func() float64) eventSpec {
 	first := now
 	if op.FirstAttemptAt != nil {

@@ -20,7 +20,7 @@ var sensitiveName = regexp.MustCompile(`(?i)password|secret|token|card_number|cv
 
 // Redact returns args with the values of sensitive fields replaced by
 // "[redacted]", for the approval gate's evidence and for anything else a
-// human reads (DESIGN §4, §8). A field is sensitive when its schema says
+// human reads (contract §4, §8). A field is sensitive when its schema says
 // "writeOnly": true or "x-sensitive": true, or when its name looks like a
 // secret (password, secret, token, card_number, cvc, cvv, api_key), at any depth.
 // Args that are not JSON are replaced whole: what cannot be parsed cannot be
