@@ -70,7 +70,7 @@ func TestSectionReferencesResolve(t *testing.T) {
 			t.Fatal(err)
 		}
 		for n, line := range strings.Split(string(b), "\n") {
-			if unshipped.MatchString(line) {
+			if f != "docs/references_test.go" && unshipped.MatchString(line) {
 				t.Errorf("%s:%d refers to a document the repository does not ship: %s", f, n+1, strings.TrimSpace(line))
 			}
 			if rfcNear.MatchString(line) {
