@@ -832,6 +832,8 @@ func (d *AttemptSucceededData) fastDecode(r *fastReader) bool {
 			ok = r.str(&d.UndoRef)
 		case "late":
 			ok = r.bool(&d.Late)
+		case "precondition":
+			ok = r.raw(&d.Precondition)
 		}
 		if !ok {
 			return false
@@ -856,6 +858,8 @@ func (d *AttemptFailedData) fastDecode(r *fastReader) bool {
 			ok = r.timePtr(&d.RetryAt)
 		case "late":
 			ok = r.bool(&d.Late)
+		case "precondition":
+			ok = r.raw(&d.Precondition)
 		}
 		if !ok {
 			return false
@@ -880,6 +884,8 @@ func (d *AttemptUnknownData) fastDecode(r *fastReader) bool {
 			ok = r.timePtr(&d.RetryAt)
 		case "late":
 			ok = r.bool(&d.Late)
+		case "precondition":
+			ok = r.raw(&d.Precondition)
 		}
 		if !ok {
 			return false
@@ -980,6 +986,8 @@ func (d *EscalationData) fastDecode(r *fastReader) bool {
 			ok = r.enum((*string)(&d.ProposedAction), actionNames)
 		case "detail":
 			ok = r.str(&d.Detail)
+		case "approvers":
+			ok = r.int(&d.Approvers)
 		}
 		if !ok {
 			return false
@@ -1000,6 +1008,10 @@ func (d *DecisionData) fastDecode(r *fastReader) bool {
 			ok = r.str(&d.Approver)
 		case "retry_at":
 			ok = r.timePtr(&d.RetryAt)
+		case "downstream_id":
+			ok = r.str(&d.DownstreamID)
+		case "result":
+			ok = r.raw(&d.Result)
 		}
 		if !ok {
 			return false

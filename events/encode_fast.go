@@ -369,6 +369,7 @@ func (d *AttemptSucceededData) fastMarshal(w *fastWriter) {
 	w.strOmit("downstream_id", d.DownstreamID)
 	w.strOmit("undo_ref", d.UndoRef)
 	w.boolOmit("late", d.Late)
+	w.rawOmit("precondition", d.Precondition)
 }
 
 func (d *AttemptFailedData) fastMarshal(w *fastWriter) {
@@ -378,6 +379,7 @@ func (d *AttemptFailedData) fastMarshal(w *fastWriter) {
 	w.intOmit("status_code", int64(d.StatusCode))
 	w.timeOmit("retry_at", d.RetryAt)
 	w.boolOmit("late", d.Late)
+	w.rawOmit("precondition", d.Precondition)
 }
 
 func (d *AttemptUnknownData) fastMarshal(w *fastWriter) {
@@ -387,6 +389,7 @@ func (d *AttemptUnknownData) fastMarshal(w *fastWriter) {
 	w.str("next", string(d.Next))
 	w.timeOmit("retry_at", d.RetryAt)
 	w.boolOmit("late", d.Late)
+	w.rawOmit("precondition", d.Precondition)
 }
 
 func (d *CompensationStartedData) fastMarshal(w *fastWriter) {
@@ -422,6 +425,7 @@ func (d *EscalationData) fastMarshal(w *fastWriter) {
 	w.rawOmit("downstream", d.Downstream)
 	w.str("proposed_action", string(d.ProposedAction))
 	w.strOmit("detail", d.Detail)
+	w.intOmit("approvers", int64(d.Approvers))
 }
 
 func (d *DecisionData) fastMarshal(w *fastWriter) {
@@ -429,6 +433,8 @@ func (d *DecisionData) fastMarshal(w *fastWriter) {
 	w.strOmit("note", d.Note)
 	w.str("approver", d.Approver)
 	w.timeOmit("retry_at", d.RetryAt)
+	w.strOmit("downstream_id", d.DownstreamID)
+	w.rawOmit("result", d.Result)
 }
 
 func (o *Operation) fastMarshal(w *fastWriter) {
@@ -450,6 +456,9 @@ func (o *Operation) fastMarshal(w *fastWriter) {
 	w.strOmit("downstream_key", o.DownstreamKey)
 	w.int("compensations", int64(o.Compensations))
 	w.boolOmit("approved", o.Approved)
+	if len(o.Approvals) > 0 {
+		w.ok = false // a list of strings: left to encoding/json
+	}
 	w.strOmit("last_error_class", o.LastErrorClass)
 	w.intOmit("evidence", int64(o.Evidence))
 	if o.Escalation != nil {

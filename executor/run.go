@@ -22,7 +22,7 @@ func (e *Executor) runAttempt(ctx context.Context, span trace.Span, op events.Op
 	stop := e.heartbeat(ctx, op)
 	started := e.cfg.Now()
 	e.crashPoint(PointBeforeCall)
-	res := t.Invoke(ctx, tool.Call{
+	call := tool.Call{
 		OperationKey:  op.Key,
 		DownstreamKey: op.DownstreamKey,
 		DownstreamID:  op.DownstreamID,
@@ -30,11 +30,18 @@ func (e *Executor) runAttempt(ctx context.Context, span trace.Span, op events.Op
 		Principal:     op.Principal,
 		Attempt:       op.Attempt,
 		Args:          op.Args,
-	})
+	}
+	g := e.guard(ctx, op, t, call)
+	var res tool.Result
+	if g.blocked != nil {
+		res = *g.blocked
+	} else {
+		res = t.Invoke(ctx, call)
+	}
 	stop()
 	e.crashPoint(PointAfterResponse)
 	now := e.cfg.Now()
-	spec := outcomeSpec(op, res, t.Spec().Caps, now, e.cfg.Rand)
+	spec := withEvidence(outcomeSpec(op, res, t.Spec().Caps, now, e.cfg.Rand), g.evidence)
 	next := e.record(ctx, op, spec)
 	e.crashPoint(PointAfterJournal)
 	e.tel.endAttempt(ctx, span, op, res, now.Sub(started))
