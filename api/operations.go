@@ -79,6 +79,7 @@ type operationBody struct {
 	Seq            int64              `json:"seq"`
 	Args           json.RawMessage    `json:"args,omitempty"`
 	Escalation     *escalationBody    `json:"escalation,omitempty"`
+	Approvals      []string           `json:"approvals,omitempty"`
 	Events         []json.RawMessage  `json:"events,omitempty"`
 }
 
@@ -90,6 +91,7 @@ type escalationBody struct {
 	Downstream     json.RawMessage `json:"downstream,omitempty"`
 	ProposedAction events.Action   `json:"proposed_action"`
 	Detail         string          `json:"detail,omitempty"`
+	Approvers      int             `json:"approvers,omitempty"`
 }
 
 // renderOperation returns op as a response record with its args redacted by
@@ -97,6 +99,7 @@ type escalationBody struct {
 func renderOperation(op events.Operation, t Tool) operationBody {
 	b := summarizeOperation(op)
 	b.Args = redactArgs(t, op.Args)
+	b.Approvals = op.Approvals
 	if e := op.Escalation; e != nil {
 		b.Escalation = &escalationBody{
 			Reason:         e.Reason,
@@ -104,6 +107,7 @@ func renderOperation(op events.Operation, t Tool) operationBody {
 			Downstream:     e.Downstream,
 			ProposedAction: e.ProposedAction,
 			Detail:         e.Detail,
+			Approvers:      e.Approvers,
 		}
 	}
 	return b

@@ -417,7 +417,7 @@ func (s *Server) uiDecide(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	note := strings.TrimSpace(r.PostForm.Get("note"))
-	op, err := s.decide(r.Context(), key, action, note, sess.Principal)
+	op, err := s.decide(r.Context(), key, action, note, sess.Principal, Seen{})
 	if err != nil {
 		d := describeDecisionError(err, op)
 		if d.status == http.StatusNotFound {

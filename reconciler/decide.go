@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -65,6 +66,10 @@ type decideOptions struct {
 	topicPrefix string
 	tp          trace.TracerProvider
 	mp          metric.MeterProvider
+	// tools, seenID and seenResult: see WithTools and WithSeenDownstream.
+	tools      Tools
+	seenID     string
+	seenResult json.RawMessage
 }
 
 // WithTopicPrefix sets the topic prefix of the decision's outbox rows; it
@@ -95,6 +100,14 @@ func WithTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) DecideOptio
 // MaxNoteBytes, or compensate on a non-compensable effect or before any
 // attempt. An unknown key wraps store.ErrNotFound.
 //
+// With WithTools, the tool's approval rule applies: a principal refused by
+// not_requester gets ErrRequesterCannotDecide, the same approver's second
+// retry in the approval gate is invalid, and before a retry or an abandon of
+// an operation whose outcome is unknown the downstream is asked again; if it
+// shows the effect, Decide journals that (reconciliation.resolved, found)
+// instead of the decision and returns the completed record with
+// ErrEffectFound.
+//
 // The decision is an append from the record it was checked against. If
 // anything else wrote first — a webhook that settled the operation, a late
 // success, another approver — the append conflicts, Decide reloads and
@@ -122,6 +135,12 @@ func Decide(ctx context.Context, st *store.Store, key string, action events.Acti
 	}
 	if len(note) > MaxNoteBytes || !utf8.ValidString(note) {
 		return invalid(fmt.Sprintf("the note must be valid UTF-8 of at most %d bytes", MaxNoteBytes))
+	}
+	if (o.seenID != "" || len(o.seenResult) > 0) && action != events.ActionRecordSuccess {
+		return invalid("downstream_id and result go only with record_success")
+	}
+	if len(o.seenResult) > 0 && !json.Valid(o.seenResult) {
+		return invalid("result must be JSON")
 	}
 	decisions, err := o.mp.Meter(instrumentation).Int64Counter("effectline.decisions",
 		metric.WithDescription(decisionsHelp))
@@ -162,7 +181,34 @@ func Decide(ctx context.Context, st *store.Store, key string, action events.Acti
 				return op, retErr
 			}
 		}
-		d := &events.DecisionData{Action: action, Note: note, Approver: approver}
+		if err := o.gate(op, action, approver); err != nil {
+			retErr = err
+			return op, err
+		}
+		if found := o.recheck(ctx, op, action); found != nil {
+			// The effect shows now: record it, and refuse the decision that
+			// was made without knowing.
+			evs, err := buildEvents(op, now, []eventSpec{{typ: events.ReconciliationResolved, data: found}})
+			if err != nil {
+				retErr = err
+				return op, err
+			}
+			next, err := st.Append(ctx, store.Append{
+				Base: op, Events: evs, Traceparent: kafka.TraceparentFrom(ctx), TopicPrefix: o.topicPrefix,
+			})
+			if store.IsConflict(err) {
+				continue
+			}
+			if err != nil {
+				retErr = fmt.Errorf("recording what the downstream shows for %s: %w", key, err)
+				return op, retErr
+			}
+			metrics.RecordSettled(ctx, settled, next)
+			retErr = fmt.Errorf("%w: %s was not carried out on %s, which is now recorded completed", ErrEffectFound, action, key)
+			return next, retErr
+		}
+		d := &events.DecisionData{Action: action, Note: note, Approver: approver,
+			DownstreamID: o.seenID, Result: o.seenResult}
 		if action == events.ActionRetry {
 			at := now.UTC()
 			d.RetryAt = &at

@@ -15,6 +15,7 @@ import (
 	"github.com/effectline/effectline/projector"
 	"github.com/effectline/effectline/reconciler"
 	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/tool"
 )
 
 // operationsFrom serves the API's operation list from the projector's read
@@ -47,14 +48,29 @@ func operationsFrom(r *projector.Reader) api.OperationsFunc {
 type decider struct {
 	store  *store.Store
 	prefix string
-	tp     trace.TracerProvider
-	mp     metric.MeterProvider
+	// tools gives decisions the tools' approval rules and the decision-time
+	// re-check of the downstream.
+	tools *tool.Registry
+	tp    trace.TracerProvider
+	mp    metric.MeterProvider
 }
 
 func (d decider) Decide(ctx context.Context, key string, action events.Action, note, approver string) (events.Operation, error) {
-	op, err := reconciler.Decide(ctx, d.store, key, action, note, approver, time.Now(),
-		reconciler.WithTopicPrefix(d.prefix), reconciler.WithTelemetry(d.tp, d.mp))
+	return d.DecideSeen(ctx, key, action, note, approver, api.Seen{})
+}
+
+func (d decider) DecideSeen(ctx context.Context, key string, action events.Action, note, approver string, seen api.Seen) (events.Operation, error) {
+	opts := []reconciler.DecideOption{reconciler.WithTopicPrefix(d.prefix), reconciler.WithTelemetry(d.tp, d.mp),
+		reconciler.WithSeenDownstream(seen.DownstreamID, seen.Result)}
+	if d.tools != nil {
+		opts = append(opts, reconciler.WithTools(d.tools))
+	}
+	op, err := reconciler.Decide(ctx, d.store, key, action, note, approver, time.Now(), opts...)
 	switch {
+	case errors.Is(err, reconciler.ErrRequesterCannotDecide):
+		err = fmt.Errorf("%w: %w", api.ErrRequesterCannotDecide, err)
+	case errors.Is(err, reconciler.ErrEffectFound):
+		err = fmt.Errorf("%w: %w", api.ErrEffectFound, err)
 	case errors.Is(err, reconciler.ErrNotWaiting):
 		err = fmt.Errorf("%w: %w", api.ErrNotWaiting, err)
 	case errors.Is(err, reconciler.ErrInvalidDecision):

@@ -278,7 +278,7 @@ func (a *app) buildAPI() (*api.Server, error) {
 		Tools:      api.RegistryTools(a.tools),
 		Operations: operationsFrom(reader),
 		Metrics:    a.tel.MetricsHandler(),
-		Decider: decider{store: a.store, prefix: a.kafka.TopicPrefix,
+		Decider: decider{store: a.store, prefix: a.kafka.TopicPrefix, tools: a.tools,
 			tp: a.tel.TracerProvider(), mp: a.tel.MeterProvider()},
 		Webhooks: webhookAdapter{w: webhooks},
 	})

@@ -50,3 +50,14 @@ func (ft *FakeTool) order(id string) (int, []byte) {
 	}
 	return http.StatusNotFound, mustJSON(map[string]string{"error": "not_found"})
 }
+
+// Unscript drops the faults still queued for route and returns how many
+// there were, so a test can stop a scripted outage at the moment it chooses.
+func (ft *FakeTool) Unscript(route string) int {
+	mustRoute(route)
+	ft.mu.Lock()
+	defer ft.mu.Unlock()
+	n := len(ft.scripts[route])
+	delete(ft.scripts, route)
+	return n
+}
