@@ -5,10 +5,8 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"testing"
 	"time"
 
@@ -20,49 +18,9 @@ import (
 	"github.com/effectline/effectline/tool"
 )
 
-// The approval tests run the real reconciler behind the API, through the
-// adapters below: they are the wiring cmd does (api declares Decider
-// and WebhookHandler and never imports the reconciler).
-
-// reconcilerDecider adapts reconciler.Decide to Decider, mapping the
-// reconciler's refusals to this package's sentinels.
-type reconcilerDecider struct {
-	st   *store.Store
-	opts []reconciler.DecideOption
-}
-
-func (d reconcilerDecider) Decide(ctx context.Context, key string, action events.Action, note, approver string) (events.Operation, error) {
-	op, err := reconciler.Decide(ctx, d.st, key, action, note, approver, time.Now(), d.opts...)
-	switch {
-	case errors.Is(err, reconciler.ErrNotWaiting):
-		err = fmt.Errorf("%w: %w", ErrNotWaiting, err)
-	case errors.Is(err, reconciler.ErrInvalidDecision):
-		err = fmt.Errorf("%w: %w", ErrInvalidDecision, err)
-	}
-	return op, err
-}
-
-// reconcilerWebhooks adapts *reconciler.Webhooks to WebhookHandler.
-type reconcilerWebhooks struct{ w *reconciler.Webhooks }
-
-func (a reconcilerWebhooks) Handle(ctx context.Context, source string, h http.Header, body []byte, now time.Time) (WebhookOutcome, error) {
-	res, err := a.w.Handle(ctx, source, h, body, now)
-	if err != nil {
-		for _, m := range [...]struct{ from, to error }{
-			{reconciler.ErrUnknownSource, ErrUnknownSource},
-			{reconciler.ErrBadSignature, ErrBadSignature},
-			{reconciler.ErrStaleTimestamp, ErrStaleTimestamp},
-			{reconciler.ErrInvalidPayload, ErrInvalidPayload},
-		} {
-			if errors.Is(err, m.from) {
-				return WebhookOutcome{}, fmt.Errorf("%w: %w", m.to, err)
-			}
-		}
-		return WebhookOutcome{}, err
-	}
-	return WebhookOutcome{Duplicate: res.Duplicate, Applied: res.Applied, OperationKey: res.OperationKey,
-		Status: res.Status, Ignored: res.Ignored}, nil
-}
+// The approval tests run the real reconciler behind the API, as cmd wires
+// it: *reconciler.Decider and *reconciler.Webhooks are the API's Decider and
+// WebhookHandler as they are (api never imports the reconciler).
 
 // approvalToolsFile is a tools file whose charge and reserve tools sign
 // (and so accept callbacks). card_number is secret by its name, cvv by its
@@ -126,10 +84,10 @@ func (a *approval) option(t testing.TB) option {
 		if err != nil {
 			t.Fatal(err)
 		}
-		d.Tools = RegistryTools(a.reg)
+		d.Tools = a.reg
 		d.Operations = headOperations(d.Store)
-		d.Decider = reconcilerDecider{st: d.Store}
-		d.Webhooks = reconcilerWebhooks{w: hooks}
+		d.Decider = reconciler.NewDecider(d.Store)
+		d.Webhooks = hooks
 	}
 }
 
@@ -155,21 +113,21 @@ func newWebhookSecret(t testing.TB) string {
 // table, newest first: the read model as it is once the projector caught
 // up.
 func headOperations(st *store.Store) Operations {
-	return OperationsFunc(func(ctx context.Context, f ListFilter) (ListPage, error) {
+	return OperationsFunc(func(ctx context.Context, f events.ListFilter) (events.ListPage, error) {
 		rows, err := st.Pool().Query(ctx, `SELECT record FROM operations
 			WHERE $1 = '' OR status = $1 ORDER BY updated_at DESC LIMIT $2`, string(f.Status), f.Limit)
 		if err != nil {
-			return ListPage{}, err
+			return events.ListPage{}, err
 		}
 		records, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
 		if err != nil {
-			return ListPage{}, err
+			return events.ListPage{}, err
 		}
-		var page ListPage
+		var page events.ListPage
 		for _, r := range records {
-			var op events.Operation
-			if err := json.Unmarshal(r, &op); err != nil {
-				return ListPage{}, err
+			op, err := events.UnmarshalOperation(r)
+			if err != nil {
+				return events.ListPage{}, err
 			}
 			page.Items = append(page.Items, op)
 		}

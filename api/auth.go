@@ -67,6 +67,8 @@ type authenticator struct {
 	// the server keeps no token it does not need.
 	tokens    []tokenEntry
 	approvers map[string]bool
+	// readers read every operation without holding the approver role.
+	readers map[string]bool
 }
 
 type tokenEntry struct {
@@ -75,7 +77,10 @@ type tokenEntry struct {
 }
 
 func newAuthenticator(cfg Config) *authenticator {
-	a := &authenticator{open: cfg.Open, approvers: map[string]bool{}}
+	a := &authenticator{open: cfg.Open, approvers: map[string]bool{}, readers: map[string]bool{}}
+	for _, name := range cfg.Readers {
+		a.readers[name] = true
+	}
 	for token, name := range cfg.Tokens {
 		a.tokens = append(a.tokens, tokenEntry{digest: sha256.Sum256([]byte(token)), principal: name})
 	}

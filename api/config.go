@@ -42,6 +42,10 @@ type Config struct {
 	// Approvers are the principals that hold the approver role
 	// (EFFECTLINE_APPROVERS).
 	Approvers []string
+	// Readers are the principals that read every operation, as approvers
+	// do, without deciding (EFFECTLINE_READERS). Any other principal reads
+	// only the operations it submitted.
+	Readers []string
 	// Open runs the API without authentication, on purpose (`dev`, or
 	// `run --insecure-open`): a request without a known token is DevPrincipal,
 	// which is also an approver. A request with a known token is still its
@@ -130,10 +134,8 @@ func (c Config) validate() error {
 	if !c.Open && len(c.Tokens) == 0 {
 		return ErrNoTokens
 	}
-	for token, principal := range c.Tokens {
-		if token == "" || principal == "" {
-			return errors.New("api tokens: every token needs a non-empty token and principal")
-		}
+	if err := checkCredentials(c); err != nil {
+		return err
 	}
 	if c.MaxBodyBytes < 0 {
 		return fmt.Errorf("max body bytes must not be negative, got %d", c.MaxBodyBytes)

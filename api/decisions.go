@@ -15,21 +15,20 @@ import (
 )
 
 // Decider records an approver's decision on an operation waiting for one
-// (DESIGN §4, the approval gate). In production it is reconciler.Decide
-// bound to the store; this package declares what it needs rather than
-// importing the reconciler, so the API depends on no component.
+// (DESIGN §4, the approval gate); *reconciler.Decider is one. The API
+// declares what it needs rather than importing the reconciler, so it
+// depends on no component.
 //
 // Decide returns the record the decision produced. Its errors must be
 // classifiable with errors.Is:
-//   - ErrNotWaiting: the operation is not waiting for a decision (409);
-//     the returned record, when it has a status, says what it is instead;
-//   - ErrInvalidDecision: the decision cannot apply to this operation (400);
+//   - events.ErrNotWaiting: the operation is not waiting for a decision
+//     (409); the returned record, when it has a status, says what it is
+//     instead;
+//   - events.ErrInvalidDecision: the decision cannot apply to this
+//     operation (400); its message is shown to the approver;
 //   - store.ErrNotFound: no operation under the key (404).
 //
-// Anything else is the server's fault (500, or 503 for a deadline). An
-// adapter over the reconciler wraps its errors with these sentinels, e.g.
-// fmt.Errorf("%w: %w", api.ErrNotWaiting, err), which keeps the
-// reconciler's own error in the chain for logs.
+// Anything else is the server's fault (500, or 503 for a deadline).
 type Decider interface {
 	Decide(ctx context.Context, key string, action events.Action, note, approver string) (events.Operation, error)
 }
@@ -41,18 +40,6 @@ type DeciderFunc func(ctx context.Context, key string, action events.Action, not
 func (f DeciderFunc) Decide(ctx context.Context, key string, action events.Action, note, approver string) (events.Operation, error) {
 	return f(ctx, key, action, note, approver)
 }
-
-var (
-	// ErrNotWaiting is wrapped by a Decider's error when the operation is
-	// not waiting for a decision (it is running, settled, or another
-	// approver decided first).
-	ErrNotWaiting = errors.New("operation is not waiting for a decision")
-	// ErrInvalidDecision is wrapped by a Decider's error when the decision
-	// cannot apply (compensate of an effect that has no undo, a note too
-	// long). Its message is shown to the approver: it must name what is
-	// wrong, never args or results.
-	ErrInvalidDecision = errors.New("invalid decision")
-)
 
 // Error codes of decisions.
 const (
@@ -130,9 +117,9 @@ func (s *Server) decide(ctx context.Context, key string, action events.Action, n
 		s.log.InfoContext(ctx, "decision recorded", slog.String("operation_key", key),
 			slog.String("action", string(action)), slog.String("approver", approver),
 			slog.String("status", string(op.Status)))
-	case errors.Is(err, ErrNotWaiting), errors.Is(err, ErrInvalidDecision), errors.Is(err, store.ErrNotFound),
-		errors.Is(err, ErrRequesterCannotDecide):
-	case errors.Is(err, ErrEffectFound):
+	case errors.Is(err, events.ErrNotWaiting), errors.Is(err, events.ErrInvalidDecision), errors.Is(err, store.ErrNotFound),
+		errors.Is(err, events.ErrRequesterCannotDecide):
+	case errors.Is(err, events.ErrEffectFound):
 		s.log.InfoContext(ctx, "decision refused: the downstream shows the effect", slog.String("operation_key", key),
 			slog.String("action", string(action)), slog.String("approver", approver))
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
@@ -162,15 +149,15 @@ func describeDecisionError(err error, op events.Operation) decisionError {
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return decisionError{status: http.StatusNotFound, code: codeNotFound, detail: "no operation with this key"}
-	case errors.Is(err, ErrNotWaiting):
+	case errors.Is(err, events.ErrNotWaiting):
 		detail := "the operation is not waiting for a decision"
 		if op.Status != "" {
 			detail = fmt.Sprintf("the operation is %s, not waiting for a decision (another approver or a callback may have settled it first)", op.Status)
 		}
 		return decisionError{status: http.StatusConflict, code: codeNotWaiting, detail: detail}
-	case errors.Is(err, ErrInvalidDecision):
+	case errors.Is(err, events.ErrInvalidDecision):
 		// The Decider's message names the action and why it cannot apply
-		// (see ErrInvalidDecision); it carries no args.
+		// (see events.ErrInvalidDecision); it carries no args.
 		return decisionError{status: http.StatusBadRequest, code: codeInvalidDecision, detail: err.Error()}
 	case errors.Is(err, errNoDecider):
 		return decisionError{status: http.StatusServiceUnavailable, code: codeUnavailable, detail: errNoDecider.Error()}

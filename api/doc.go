@@ -25,7 +25,7 @@
 // needs a bearer token mapped to a principal (Config.Tokens); tokens are
 // compared in constant time. Two are authenticated otherwise: webhooks by
 // their Standard Webhooks signature, and the approval UI under /ui/ by its
-// own cookie session with CSRF tokens (ui_session.go). Tool args are redacted with the tool's own
+// own cookie session with CSRF tokens (package api/ui). Tool args are redacted with the tool's own
 // redaction before they leave in a response, and never appear in logs,
 // errors or span attributes. Request bodies are bounded (Config.MaxBodyBytes)
 // and must be application/json, which also keeps a browser from posting a
@@ -33,8 +33,9 @@
 //
 // # Adding routes
 //
-// Other files of this package (decisions, webhooks, the approval UI) add
-// their routes with [Server.Handle], naming the access level a route needs;
+// Other files of this package (decisions, webhooks, the mount of the
+// approval UI of package api/ui) add their routes with [Server.Handle],
+// naming the access level a route needs;
 // the wrapper adds tracing, metrics, panic recovery, the request timeout and
 // authentication, so a handler only reads [PrincipalFrom] and [IsApprover].
 // Built-in routes are registered in registerRoutes (routes.go): a new file

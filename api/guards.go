@@ -10,18 +10,6 @@ import (
 	"github.com/effectline/effectline/events"
 )
 
-var (
-	// ErrRequesterCannotDecide is wrapped by a Decider's error when the
-	// tool's approval rule refuses a decision by the principal that
-	// submitted the intent (403).
-	ErrRequesterCannotDecide = errors.New("the principal that asked may not decide on its own operation")
-	// ErrEffectFound is wrapped by a Decider's error when, asked again at
-	// decision time, the downstream showed the effect: the retry or abandon
-	// was not carried out and the operation is recorded completed (409). The
-	// returned record is the completed one.
-	ErrEffectFound = errors.New("the downstream shows the effect")
-)
-
 // Error codes of the execution-time guards.
 const (
 	codeRequesterCannotDecide = "requester_cannot_decide"
@@ -40,17 +28,17 @@ type Seen struct {
 // refuses a decision that carries downstream_id or result (400), rather
 // than drop them.
 type SeenDecider interface {
-	DecideSeen(ctx context.Context, key string, action events.Action, note, approver string, seen Seen) (events.Operation, error)
+	DecideSeen(ctx context.Context, key string, action events.Action, note, approver, downstreamID string, result json.RawMessage) (events.Operation, error)
 }
 
 // describeGuardError answers the guards' refusals; ok is false for any
 // other error.
 func describeGuardError(err error) (decisionError, bool) {
 	switch {
-	case errors.Is(err, ErrRequesterCannotDecide):
+	case errors.Is(err, events.ErrRequesterCannotDecide):
 		return decisionError{status: http.StatusForbidden, code: codeRequesterCannotDecide,
 			detail: "the principal that submitted this intent may not decide on it; another approver must"}, true
-	case errors.Is(err, ErrEffectFound):
+	case errors.Is(err, events.ErrEffectFound):
 		return decisionError{status: http.StatusConflict, code: codeEffectFound,
 			detail: "asked again just now, the downstream shows the effect: the operation is recorded completed and the decision was not carried out"}, true
 	}
@@ -65,7 +53,7 @@ func (s *Server) callDecider(ctx context.Context, key string, action events.Acti
 	}
 	d, ok := s.decider.(SeenDecider)
 	if !ok {
-		return events.Operation{}, fmt.Errorf("%w: this server does not record downstream_id or result with a decision", ErrInvalidDecision)
+		return events.Operation{}, fmt.Errorf("%w: this server does not record downstream_id or result with a decision", events.ErrInvalidDecision)
 	}
-	return d.DecideSeen(ctx, key, action, note, approver, seen)
+	return d.DecideSeen(ctx, key, action, note, approver, seen.DownstreamID, seen.Result)
 }

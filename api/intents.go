@@ -11,14 +11,13 @@ import (
 	"net/url"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/tool"
 )
 
 // intentRequest is the body of POST /v1/intents. Pointers tell a missing
@@ -72,7 +71,7 @@ func (s *Server) postIntent(w http.ResponseWriter, r *http.Request) {
 		writeFieldError(w, http.StatusNotFound, codeUnknownTool, "tool", "no tool with this name is registered")
 		return
 	}
-	if err := t.Authorize(principal); err != nil {
+	if err := t.Spec().Authorize(principal); err != nil {
 		writeError(w, http.StatusForbidden, codeForbidden, "this principal may not use this tool")
 		return
 	}
@@ -80,8 +79,8 @@ func (s *Server) postIntent(w http.ResponseWriter, r *http.Request) {
 		writeFieldError(w, http.StatusBadRequest, codeInvalidArgs, "", "args must be a JSON object")
 		return
 	}
-	if err := t.ValidateArgs(req.Args); err != nil {
-		var ae *ArgsError
+	if err := t.Spec().ValidateArgs(req.Args); err != nil {
+		var ae *tool.ArgsError
 		if errors.As(err, &ae) {
 			writeFieldError(w, http.StatusBadRequest, codeInvalidArgs, ae.Field, scrubReason(ae.Reason, req.Args))
 			return
@@ -113,7 +112,7 @@ func (s *Server) postIntent(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("the args do not fit in one event (%d bytes at most)", events.MaxEnvelopeBytes))
 		return
 	}
-	effect := t.EffectClass()
+	effect := t.Spec().Effect
 	span.SetAttributes(attrEffectClass.String(string(effect)))
 
 	ev, err := events.New(events.IntentRecorded, key, 1, name, effect, 0,
@@ -161,10 +160,19 @@ func (s *Server) postIntent(w http.ResponseWriter, r *http.Request) {
 // answerExisting answers an intent whose key is taken. The insert lost to a
 // committed operation, so the head record is there to read; the answer
 // depends only on it, never on which request came first.
-func (s *Server) answerExisting(ctx context.Context, w http.ResponseWriter, t Tool, key, name, hash, principal string) {
+func (s *Server) answerExisting(ctx context.Context, w http.ResponseWriter, t tool.Tool, key, name, hash, principal string) {
 	op, err := s.store.Load(ctx, key)
 	if err != nil {
 		s.fail(ctx, w, "loading the existing operation", key, err)
+		return
+	}
+	if op.Principal != principal {
+		// Another principal's key: neither its record nor its result, nor
+		// whether its args match, is this caller's to learn.
+		s.tel.intent(ctx, name, "key_in_use")
+		s.log.WarnContext(ctx, "intent rejected: operation key in use by another principal",
+			slog.String("operation_key", key), slog.String("tool", name), slog.String("principal", principal))
+		writeError(w, http.StatusConflict, codeKeyInUse, "this operation_key is in use by another principal")
 		return
 	}
 	trace.SpanFromContext(ctx).SetAttributes(attrStatus.String(string(op.Status)))
@@ -251,22 +259,11 @@ func scrubReason(reason string, args json.RawMessage) string {
 	return reason
 }
 
-// checkOperationKey returns why key is unacceptable, or "". Keys become
-// primary keys, Kafka message keys and URL path segments, so they must be
-// printable UTF-8 of bounded size.
+// checkOperationKey returns why key is unacceptable, or "": the one key
+// rule of events.CheckOperationKey, worded for the API's answers.
 func checkOperationKey(key string) string {
-	switch {
-	case key == "":
-		return "operation_key must not be empty"
-	case len(key) > events.MaxOperationKeyBytes:
-		return fmt.Sprintf("operation_key must be at most %d bytes", events.MaxOperationKeyBytes)
-	case !utf8.ValidString(key):
-		return "operation_key must be valid UTF-8"
-	}
-	for _, r := range key {
-		if unicode.IsControl(r) {
-			return "operation_key must not contain control characters"
-		}
+	if err := events.CheckOperationKey(key); err != nil {
+		return "operation_key: " + strings.TrimPrefix(err.Error(), events.ErrInvalidOperationKey.Error()+": ")
 	}
 	return ""
 }

@@ -108,7 +108,7 @@ func (d *openAPIDoc) documents(method, route, status string) bool {
 const (
 	billingToken = "tok-billing-3f9a"
 	supportToken = "tok-support-77c1"
-	opsToken     = "tok-ops-0b2e"
+	opsToken     = "tok-ops-0b2e-5d71"
 )
 
 // toolsFile is a tools file (DESIGN §6) for the tests. card_number is secret
@@ -142,31 +142,31 @@ func testTools(t testing.TB) Tools {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return RegistryTools(reg)
+	return reg
 }
 
 // fakeOperations stands in for the projector's read model.
 type fakeOperations struct {
 	mu   sync.Mutex
-	last ListFilter
-	page ListPage
+	last events.ListFilter
+	page events.ListPage
 	err  error
 }
 
-func (f *fakeOperations) List(_ context.Context, filter ListFilter) (ListPage, error) {
+func (f *fakeOperations) List(_ context.Context, filter events.ListFilter) (events.ListPage, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.last = filter
 	return f.page, f.err
 }
 
-func (f *fakeOperations) set(page ListPage, err error) {
+func (f *fakeOperations) set(page events.ListPage, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.page, f.err = page, err
 }
 
-func (f *fakeOperations) lastFilter() ListFilter {
+func (f *fakeOperations) lastFilter() events.ListFilter {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.last

@@ -8,161 +8,67 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
-	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/tool"
 )
 
-// Operations pages the read model (the projector's operation_state).
+// Operations pages the read model (the projector's operation_state);
+// *projector.Reader is one. A filter it cannot apply (a cursor it did not
+// issue) is an error wrapping an *events.FilterError, answered 400.
 type Operations interface {
-	List(ctx context.Context, f ListFilter) (ListPage, error)
+	List(ctx context.Context, f events.ListFilter) (events.ListPage, error)
 }
-
-// ListFilter selects a page of operations; zero fields do not filter.
-type ListFilter struct {
-	Status events.Status
-	Tool   string
-	// Limit is between 1 and MaxListLimit.
-	Limit int
-	// Cursor is the NextCursor of the previous page, "" for the first.
-	Cursor string
-}
-
-// ListPage is one page of operations, newest first.
-type ListPage struct {
-	Items []events.Operation
-	// NextCursor fetches the next page; "" on the last.
-	NextCursor string
-}
-
-// ErrInvalidCursor is returned (wrapped) by an Operations whose cursor
-// argument it cannot read; it is answered 400.
-var ErrInvalidCursor = errors.New("invalid cursor")
 
 // Limits of GET /v1/operations.
 const (
-	DefaultListLimit = 50
-	MaxListLimit     = 500
 	maxCursorBytes   = 1024
 	maxToolNameBytes = 256
 )
 
 // OperationsFunc adapts a function to Operations.
-type OperationsFunc func(ctx context.Context, f ListFilter) (ListPage, error)
+type OperationsFunc func(ctx context.Context, f events.ListFilter) (events.ListPage, error)
 
 // List implements Operations.
-func (f OperationsFunc) List(ctx context.Context, filter ListFilter) (ListPage, error) {
+func (f OperationsFunc) List(ctx context.Context, filter events.ListFilter) (events.ListPage, error) {
 	return f(ctx, filter)
 }
 
-// operationBody is the operation record of a response: the contract fields
-// of DESIGN §3, always present (null or "" when not known yet), then what a
-// client or the approval UI needs besides. Args are redacted.
+// operationBody is the operation record of a response: the record itself,
+// whose JSON names are the contract's, with its args and the escalation's
+// request redacted, and on GET of one operation its history.
 type operationBody struct {
-	OperationKey   string             `json:"operation_key"`
-	Tool           string             `json:"tool"`
-	EffectClass    events.EffectClass `json:"effect_class"`
-	PayloadHash    string             `json:"payload_hash"`
-	Principal      string             `json:"principal"`
-	Status         events.Status      `json:"status"`
-	Attempt        int                `json:"attempt"`
-	LeaseUntil     *time.Time         `json:"lease_until"`
-	Result         json.RawMessage    `json:"result"`
-	DownstreamID   string             `json:"downstream_id"`
-	UndoRef        string             `json:"undo_ref"`
-	LastErrorClass string             `json:"last_error_class"`
-	CreatedAt      time.Time          `json:"created_at"`
-	UpdatedAt      time.Time          `json:"updated_at"`
-	Seq            int64              `json:"seq"`
-	Args           json.RawMessage    `json:"args,omitempty"`
-	Escalation     *escalationBody    `json:"escalation,omitempty"`
-	Approvals      []string           `json:"approvals,omitempty"`
-	Events         []json.RawMessage  `json:"events,omitempty"`
+	events.Operation
+	Events []json.RawMessage `json:"events,omitempty"`
 }
 
-// escalationBody is the evidence of an escalated operation, for the
-// approver. Request is redacted like args.
-type escalationBody struct {
-	Reason         string          `json:"reason"`
-	Request        json.RawMessage `json:"request,omitempty"`
-	Downstream     json.RawMessage `json:"downstream,omitempty"`
-	ProposedAction events.Action   `json:"proposed_action"`
-	Detail         string          `json:"detail,omitempty"`
-	Approvers      int             `json:"approvers,omitempty"`
-}
-
-// renderOperation returns op as a response record with its args redacted by
-// t (nil: the tool is gone, and the args are withheld whole).
-func renderOperation(op events.Operation, t Tool) operationBody {
-	b := summarizeOperation(op)
-	b.Args = redactArgs(t, op.Args)
-	b.Approvals = op.Approvals
-	if e := op.Escalation; e != nil {
-		b.Escalation = &escalationBody{
-			Reason:         e.Reason,
-			Request:        redactArgs(t, e.Request),
-			Downstream:     e.Downstream,
-			ProposedAction: e.ProposedAction,
-			Detail:         e.Detail,
-			Approvers:      e.Approvers,
-		}
-	}
-	return b
+// renderOperation returns op as a response record, redacted by t (nil: the
+// tool is gone, and the args are withheld whole). The lease is shown as the
+// fold left it: it clears the lease whenever no step runs, so it is non-null
+// exactly while an attempt or compensation holds it.
+func renderOperation(op events.Operation, t tool.Tool) operationBody {
+	return operationBody{Operation: redactOperation(op, t)}
 }
 
 // summarizeOperation is the record without args, escalation or history: a
 // list item.
-func summarizeOperation(op events.Operation) operationBody {
-	b := operationBody{
-		OperationKey:   op.Key,
-		Tool:           op.Tool,
-		EffectClass:    op.EffectClass,
-		PayloadHash:    op.PayloadHash,
-		Principal:      op.Principal,
-		Status:         op.Status,
-		Attempt:        op.Attempt,
-		Result:         op.Result,
-		DownstreamID:   op.DownstreamID,
-		UndoRef:        op.UndoRef,
-		LastErrorClass: op.LastErrorClass,
-		CreatedAt:      op.CreatedAt,
-		UpdatedAt:      op.UpdatedAt,
-		Seq:            op.Seq,
-		// The fold clears the lease whenever no step runs, so it is
-		// non-null exactly while an attempt or compensation holds it.
-		LeaseUntil: op.LeaseUntil,
-	}
-	return b
+func summarizeOperation(op events.Operation) events.Operation {
+	op.Args, op.Escalation = nil, nil
+	return op
 }
 
-// renderEvent returns an event envelope as it may leave in a response: the
-// envelope of the contract, with the args of an intent and the request of an
-// escalation redacted.
-func renderEvent(e events.Envelope, t Tool) (json.RawMessage, error) {
-	d, err := e.DecodeData()
+// renderEvent returns an event envelope of the operation whose args are
+// args as it may leave in a response: the envelope of the contract, redacted
+// by redactEvent.
+func renderEvent(e events.Envelope, t tool.Tool, args json.RawMessage) (json.RawMessage, error) {
+	red, err := redactEvent(e, t, args)
 	if err != nil {
 		return nil, err
 	}
-	var data any
-	switch d := d.(type) {
-	case *events.IntentData:
-		red := *d
-		red.Args = redactArgs(t, d.Args)
-		data = red
-	case *events.EscalationData:
-		red := *d
-		red.Request = redactArgs(t, d.Request)
-		data = red
-	}
-	if data != nil {
-		if e.Data, err = json.Marshal(data); err != nil {
-			return nil, err
-		}
-	}
-	return json.Marshal(e)
+	return json.Marshal(red)
 }
 
 // getOperation answers the head record and the history of one operation.
@@ -178,7 +84,7 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	op, err := s.store.Load(ctx, key)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, store.ErrNotFound) || err == nil && !s.mayRead(readerOf(ctx), op) {
 		writeError(w, http.StatusNotFound, codeNotFound, "no operation with this key")
 		return
 	}
@@ -200,7 +106,7 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
 		if e.Seq > op.Seq {
 			break
 		}
-		raw, err := renderEvent(e.Envelope, t)
+		raw, err := renderEvent(e.Envelope, t, op.Args)
 		if err != nil {
 			s.fail(ctx, w, "rendering the operation's events", key, err)
 			return
@@ -212,15 +118,15 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
 
 // listBody is a page of GET /v1/operations.
 type listBody struct {
-	Items      []operationBody `json:"items"`
-	NextCursor string          `json:"next_cursor,omitempty"`
+	Items      []events.Operation `json:"items"`
+	NextCursor string             `json:"next_cursor,omitempty"`
 }
 
 // listOperations answers a page of the read model.
 func (s *Server) listOperations(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	q := r.URL.Query()
-	f := ListFilter{Limit: DefaultListLimit, Tool: q.Get("tool"), Cursor: q.Get("cursor")}
+	f := events.ListFilter{Limit: events.DefaultListLimit, Tool: q.Get("tool"), Cursor: q.Get("cursor")}
 	if v := q.Get("status"); v != "" {
 		f.Status = events.Status(v)
 		if !f.Status.Valid() {
@@ -231,9 +137,9 @@ func (s *Server) listOperations(w http.ResponseWriter, r *http.Request) {
 	}
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > MaxListLimit {
+		if err != nil || n < 1 || n > events.MaxListLimit {
 			writeFieldError(w, http.StatusBadRequest, codeInvalidRequest, "limit",
-				fmt.Sprintf("limit must be an integer from 1 to %d", MaxListLimit))
+				fmt.Sprintf("limit must be an integer from 1 to %d", events.MaxListLimit))
 			return
 		}
 		f.Limit = n
@@ -246,8 +152,16 @@ func (s *Server) listOperations(w http.ResponseWriter, r *http.Request) {
 		writeFieldError(w, http.StatusBadRequest, codeInvalidRequest, "cursor", "cursor is not one this server issued")
 		return
 	}
+	scope, ok := s.listScope(readerOf(ctx))
+	if !ok {
+		writeJSON(w, http.StatusOK, listBody{Items: []events.Operation{}})
+		return
+	}
+	f.Principal = scope
 	page, err := s.operations.List(ctx, f)
-	if errors.Is(err, ErrInvalidCursor) {
+	if errors.Is(err, events.ErrInvalidFilter) {
+		// Status, limit and tool are checked above, so the cursor is what
+		// the read model could not apply.
 		writeFieldError(w, http.StatusBadRequest, codeInvalidRequest, "cursor", "cursor is not one this server issued")
 		return
 	}
@@ -261,9 +175,10 @@ func (s *Server) listOperations(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, codeInternal, "listing operations failed")
 		return
 	}
-	body := listBody{Items: make([]operationBody, 0, len(page.Items)), NextCursor: page.NextCursor}
+	body := listBody{Items: make([]events.Operation, 0, len(page.Items)), NextCursor: page.NextCursor}
 	for _, op := range page.Items {
-		body.Items = append(body.Items, summarizeOperation(op))
+		t, _ := s.tools.Get(op.Tool)
+		body.Items = append(body.Items, summarizeOperation(redactOperation(op, t)))
 	}
 	writeJSON(w, http.StatusOK, body)
 }

@@ -24,9 +24,10 @@ func TestGetOperationShowsRecordAndHistoryRedacted(t *testing.T) {
 	args := fmt.Sprintf(`{"amount": 500, "currency": "USD", "card_number": %q, "cvv": %q, "memo": "gift"}`, card, cvv)
 	wantStatus(t, f.post(t, billingToken, key, "payments.charge", args), http.StatusAccepted)
 
-	// Any authenticated principal can read it; the key is one path segment.
+	// Its owner reads it (TestReadsAreScopedByPrincipal has who else may);
+	// the key is one path segment.
 	path := "/v1/operations/" + url.PathEscape(key)
-	r := f.do(t, http.MethodGet, path, supportToken, "")
+	r := f.do(t, http.MethodGet, path, billingToken, "")
 	wantStatus(t, r, http.StatusOK)
 	var rec struct {
 		OperationKey string            `json:"operation_key"`
@@ -114,7 +115,7 @@ func TestListOperations(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	f.ops.set(ListPage{
+	f.ops.set(events.ListPage{
 		Items: []events.Operation{{
 			Key: "a", Tool: "payments.charge", EffectClass: events.Irreversible, Status: events.StatusEscalated,
 			Principal: "billing-agent", Attempt: 1, Args: json.RawMessage(`{"card_number": "4111"}`),
@@ -124,7 +125,7 @@ func TestListOperations(t *testing.T) {
 	}, nil)
 	r := f.do(t, http.MethodGet, "/v1/operations?status=escalated&tool=payments.charge&limit=10&cursor=c1", opsToken, "")
 	wantStatus(t, r, http.StatusOK)
-	if got := f.ops.lastFilter(); got != (ListFilter{Status: events.StatusEscalated, Tool: "payments.charge", Limit: 10, Cursor: "c1"}) {
+	if got := f.ops.lastFilter(); got != (events.ListFilter{Status: events.StatusEscalated, Tool: "payments.charge", Limit: 10, Cursor: "c1"}) {
 		t.Fatalf("filter = %+v", got)
 	}
 	var page struct {
@@ -143,10 +144,11 @@ func TestListOperations(t *testing.T) {
 	}
 
 	// Defaults, and an empty page is an empty list.
-	f.ops.set(ListPage{}, nil)
+	f.ops.set(events.ListPage{}, nil)
 	r = f.do(t, http.MethodGet, "/v1/operations", billingToken, "")
 	wantStatus(t, r, http.StatusOK)
-	if got := f.ops.lastFilter(); got != (ListFilter{Limit: DefaultListLimit}) {
+	// A principal that reads only its own gets a list narrowed to it.
+	if got := f.ops.lastFilter(); got != (events.ListFilter{Limit: events.DefaultListLimit, Principal: "billing-agent"}) {
 		t.Fatalf("default filter = %+v", got)
 	}
 	if strings.TrimSpace(string(r.body)) != `{"items":[]}` {
@@ -158,8 +160,8 @@ func TestListOperations(t *testing.T) {
 	wantError(t, f.do(t, http.MethodGet, "/v1/operations?limit=x", billingToken, ""), http.StatusBadRequest, codeInvalidRequest, "limit")
 	wantError(t, f.do(t, http.MethodGet, "/v1/operations", "", ""), http.StatusUnauthorized, codeUnauthorized)
 
-	f.ops.set(ListPage{}, fmt.Errorf("decoding cursor: %w", ErrInvalidCursor))
+	f.ops.set(events.ListPage{}, fmt.Errorf("decoding cursor: %w", events.ErrInvalidFilter))
 	wantError(t, f.do(t, http.MethodGet, "/v1/operations?cursor=zzz", billingToken, ""), http.StatusBadRequest, codeInvalidRequest, "cursor")
-	f.ops.set(ListPage{}, errors.New("connection refused"))
+	f.ops.set(events.ListPage{}, errors.New("connection refused"))
 	wantError(t, f.do(t, http.MethodGet, "/v1/operations", billingToken, ""), http.StatusInternalServerError, codeInternal)
 }

@@ -24,6 +24,7 @@ const (
 	codeUnknownTool          = "unknown_tool"
 	codeMethodNotAllowed     = "method_not_allowed"
 	codePayloadConflict      = "payload_conflict"
+	codeKeyInUse             = "key_in_use"
 	codePayloadTooLarge      = "payload_too_large"
 	codeUnsupportedMediaType = "unsupported_media_type"
 	codeInternal             = "internal"
@@ -99,6 +100,10 @@ func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) bool 
 		}
 		// The client went away or stalled past ReadTimeout mid-body.
 		writeError(w, http.StatusBadRequest, codeInvalidJSON, "the body could not be read")
+		return false
+	}
+	if field, reason := strictBody(body); reason != "" {
+		writeFieldError(w, http.StatusBadRequest, codeInvalidJSON, field, reason)
 		return false
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))

@@ -30,9 +30,10 @@ type Deps struct {
 	// Committer journals intents. Default: Store, one transaction per
 	// intent; pass a running store.Committer to group commits.
 	Committer Committer
-	// Tools are the registered tools. Required.
+	// Tools are the registered tools (*tool.Registry). Required.
 	Tools Tools
-	// Operations pages the read model for GET /v1/operations. Required.
+	// Operations pages the read model for GET /v1/operations
+	// (*projector.Reader). Required.
 	Operations Operations
 	// Metrics serves GET /metrics (the Prometheus exporter's handler); nil
 	// answers 404.
@@ -41,12 +42,11 @@ type Deps struct {
 	// Default: the store's database answers a ping.
 	Ready func(ctx context.Context) error
 	// Decider records approvers' decisions, for POST
-	// /v1/operations/{key}/decisions and the approval UI (reconciler.Decide
-	// behind an adapter, see Decider). Nil: those answer 503.
+	// /v1/operations/{key}/decisions and the approval UI
+	// (*reconciler.Decider). Nil: those answer 503.
 	Decider Decider
 	// Webhooks applies inbound tool callbacks, for POST /v1/webhooks/{source}
-	// (reconciler.Webhooks behind an adapter, see WebhookHandler). Nil: that
-	// route answers 503.
+	// (*reconciler.Webhooks). Nil: that route answers 503.
 	Webhooks WebhookHandler
 }
 

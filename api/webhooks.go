@@ -16,60 +16,31 @@ import (
 )
 
 // WebhookHandler verifies and applies one inbound callback from a tool
-// (DESIGN §7). In production it is reconciler.Webhooks behind an adapter;
-// this package declares what it needs rather than importing the reconciler.
+// (DESIGN §7); *reconciler.Webhooks is one. The API declares what it needs
+// rather than importing the reconciler.
 //
 // Handle must return a nil error only after everything the delivery did is
 // committed: the API answers 2xx exactly then, and a sender that got no 2xx
 // redelivers. Its errors must be classifiable with errors.Is:
-//   - ErrUnknownSource: no tool by that name accepts callbacks (404);
-//   - ErrBadSignature, ErrStaleTimestamp: the Standard Webhooks signature
-//     does not verify, or its timestamp is too far from now (401);
-//   - ErrInvalidPayload: the verified body is not a callback (400).
+//   - events.ErrUnknownSource: no tool by that name accepts callbacks (404);
+//   - events.ErrBadSignature, events.ErrStaleTimestamp: the Standard
+//     Webhooks signature does not verify, or its timestamp is too far from
+//     now (401);
+//   - events.ErrInvalidPayload: the verified body is not a callback (400).
 //
 // Anything else is the server's fault (500): nothing was recorded, so the
 // redelivery is processed.
 type WebhookHandler interface {
-	Handle(ctx context.Context, source string, h http.Header, body []byte, now time.Time) (WebhookOutcome, error)
+	Handle(ctx context.Context, source string, h http.Header, body []byte, now time.Time) (events.WebhookResult, error)
 }
 
 // WebhookHandlerFunc adapts a function to WebhookHandler.
-type WebhookHandlerFunc func(ctx context.Context, source string, h http.Header, body []byte, now time.Time) (WebhookOutcome, error)
+type WebhookHandlerFunc func(ctx context.Context, source string, h http.Header, body []byte, now time.Time) (events.WebhookResult, error)
 
 // Handle implements WebhookHandler.
-func (f WebhookHandlerFunc) Handle(ctx context.Context, source string, h http.Header, body []byte, now time.Time) (WebhookOutcome, error) {
+func (f WebhookHandlerFunc) Handle(ctx context.Context, source string, h http.Header, body []byte, now time.Time) (events.WebhookResult, error) {
 	return f(ctx, source, h, body, now)
 }
-
-// WebhookOutcome says what a committed delivery did (the fields of
-// reconciler.WebhookResult).
-type WebhookOutcome struct {
-	// Duplicate: this webhook id was delivered before; nothing was done.
-	Duplicate bool
-	// Applied: the callback changed the operation.
-	Applied bool
-	// OperationKey is the operation the callback named, when it exists.
-	OperationKey string
-	// Status is the operation's status after the callback, when it exists.
-	Status events.Status
-	// Ignored says why a delivery changed nothing ("unknown_operation",
-	// "already_completed", ...).
-	Ignored string
-}
-
-var (
-	// ErrUnknownSource: no registered tool by that name accepts callbacks.
-	ErrUnknownSource = errors.New("unknown webhook source")
-	// ErrBadSignature: the Standard Webhooks headers are missing or the
-	// signature does not match the body.
-	ErrBadSignature = errors.New("webhook signature invalid")
-	// ErrStaleTimestamp: the signed timestamp is too far from now, so the
-	// delivery may be a replay.
-	ErrStaleTimestamp = errors.New("webhook timestamp outside the tolerance")
-	// ErrInvalidPayload: the verified body is not a callback effectline
-	// understands; nothing was recorded.
-	ErrInvalidPayload = errors.New("invalid webhook payload")
-)
 
 // Error codes of webhooks.
 const (
@@ -142,22 +113,22 @@ func (s *Server) postWebhook(w http.ResponseWriter, r *http.Request) {
 	res, err := s.webhooks.Handle(ctx, source, r.Header, body, time.Now())
 	switch {
 	case err == nil:
-	case errors.Is(err, ErrUnknownSource):
+	case errors.Is(err, events.ErrUnknownSource):
 		writeError(w, http.StatusNotFound, codeUnknownSource, "no webhook source with this name")
 		return
-	case errors.Is(err, ErrStaleTimestamp):
+	case errors.Is(err, events.ErrStaleTimestamp):
 		// Logged without the error: it holds nothing the sender lacks, and
 		// unauthenticated callers could fill the log with it at Warn.
 		s.log.InfoContext(ctx, "webhook refused: stale timestamp", slog.String("source", source))
 		writeError(w, http.StatusUnauthorized, codeInvalidSignature,
 			"webhook-timestamp is too far from the server's clock (a replay, or a skewed clock)")
 		return
-	case errors.Is(err, ErrBadSignature):
+	case errors.Is(err, events.ErrBadSignature):
 		s.log.InfoContext(ctx, "webhook refused: invalid signature", slog.String("source", source))
 		writeError(w, http.StatusUnauthorized, codeInvalidSignature,
 			"the webhook-id, webhook-timestamp and webhook-signature headers must carry a valid signature of the body")
 		return
-	case errors.Is(err, ErrInvalidPayload):
+	case errors.Is(err, events.ErrInvalidPayload):
 		writeError(w, http.StatusBadRequest, codeInvalidPayload,
 			"the body is not a callback: a JSON object with type and idempotency_key or downstream_id")
 		return

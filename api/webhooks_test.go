@@ -176,8 +176,8 @@ func TestWebhookFailures(t *testing.T) {
 
 	fail := make(chan error, 1)
 	f = setup(t, func(_ *Config, d *Deps) {
-		d.Webhooks = WebhookHandlerFunc(func(context.Context, string, http.Header, []byte, time.Time) (WebhookOutcome, error) {
-			return WebhookOutcome{}, <-fail
+		d.Webhooks = WebhookHandlerFunc(func(context.Context, string, http.Header, []byte, time.Time) (events.WebhookResult, error) {
+			return events.WebhookResult{}, <-fail
 		})
 	})
 	// A failed transaction is a 500 (nothing committed: the sender must

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 )
 
 // MaxEnvelopeBytes caps one encoded event. Tool args and results live inside
@@ -88,7 +89,15 @@ func decodeSlow(b []byte) (Envelope, error) {
 	if err := strictUnmarshal(b, &w); err != nil {
 		return Envelope{}, invalid("", "%v", err)
 	}
-	return w.validate(w.Data)
+	e, err := w.validate(w.Data)
+	// encoding/json turns bytes that are not UTF-8 into U+FFFD, so a key
+	// that is not UTF-8 would silently become another key: refused, as the
+	// key rule refuses it everywhere else. (The fast path never decodes
+	// such a key; it leaves the input to this one.)
+	if err == nil && !utf8.Valid(b) && strings.ContainsRune(e.OperationKey, utf8.RuneError) {
+		return Envelope{}, invalid("operation_key", "not valid UTF-8")
+	}
+	return e, err
 }
 
 // validate applies every rule of the contract to a parsed envelope whose
@@ -104,8 +113,11 @@ func (w wireEnvelope) validate(data json.RawMessage) (Envelope, error) {
 		return Envelope{}, invalid("type", "unknown type %q", *w.Type)
 	case w.OperationKey == nil || *w.OperationKey == "":
 		return Envelope{}, invalid("operation_key", "missing")
-	case len(*w.OperationKey) > MaxOperationKeyBytes:
-		return Envelope{}, invalid("operation_key", "longer than %d bytes", MaxOperationKeyBytes)
+	}
+	if err := CheckOperationKey(*w.OperationKey); err != nil {
+		return Envelope{}, invalid("operation_key", "%s", operationKeyReason(err))
+	}
+	switch {
 	case w.Seq == nil:
 		return Envelope{}, invalid("seq", "missing")
 	case *w.Seq < 1:
@@ -184,6 +196,9 @@ func validateData(d any, argsHash *string) error {
 		}
 		if d.Principal == "" {
 			return invalid("data.principal", "missing")
+		}
+		if d.PayloadHash != "" && !isPayloadHash(d.PayloadHash) {
+			return invalid("data.payload_hash", "must be 64 lowercase hex digits")
 		}
 		// An intent whose args cannot be hashed could never be folded.
 		s := canonGet(d.Args)

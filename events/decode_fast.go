@@ -770,6 +770,8 @@ func (d *IntentData) fastDecode(r *fastReader) bool {
 			ok = r.raw(&d.Args)
 		case "principal":
 			ok = r.str(&d.Principal)
+		case "payload_hash":
+			ok = r.str(&d.PayloadHash)
 		}
 		if !ok {
 			return false

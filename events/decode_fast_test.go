@@ -97,7 +97,8 @@ func fastSamples() map[Type]any {
 	at := time.Date(2026, 3, 14, 9, 26, 53, 589793000, time.UTC)
 	later := at.Add(time.Minute).In(time.FixedZone("CET", 3600))
 	return map[Type]any{
-		IntentRecorded: &IntentData{Args: json.RawMessage(`{"amount":1299,"customer":{"id":"c_1","tags":["a"]}}`), Principal: "billing-agent"},
+		IntentRecorded: &IntentData{Args: json.RawMessage(`{"amount":1299,"customer":{"id":"c_1","tags":["a"]}}`), Principal: "billing-agent",
+			PayloadHash: "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"},
 		IntentRejected: &IntentRejectedData{Reason: "payload_conflict", PayloadHash: strings.Repeat("ab", 32),
 			Principal: "billing-agent", EventID: "evt-1"},
 		AttemptStarted: &AttemptStartedData{DownstreamKey: "k", Worker: "w-1", LeaseUntil: later, BackoffWaitedMS: 1830},

@@ -101,6 +101,16 @@ func (w *fastWriter) timeOmit(name string, t *time.Time) {
 	}
 }
 
+// timeNull writes t, or null when it is nil.
+func (w *fastWriter) timeNull(name string, t *time.Time) {
+	if t == nil {
+		w.member(name)
+		w.b = append(w.b, "null"...)
+		return
+	}
+	w.time(name, *t)
+}
+
 // raw writes m as encoding/json writes a json.RawMessage: null when nil,
 // else compacted after checking its syntax.
 func (w *fastWriter) raw(name string, m json.RawMessage) {
@@ -347,6 +357,7 @@ func (d *IntentData) fastMarshal(w *fastWriter) {
 	w.b = make([]byte, 0, 32+len(d.Args)+len(d.Principal))
 	w.raw("args", d.Args)
 	w.str("principal", d.Principal)
+	w.strOmit("payload_hash", d.PayloadHash)
 }
 
 func (d *IntentRejectedData) fastMarshal(w *fastWriter) {
@@ -448,18 +459,18 @@ func (o *Operation) fastMarshal(w *fastWriter) {
 	w.str("phase", string(o.Phase))
 	w.int("attempt", int64(o.Attempt))
 	w.strOmit("lease_owner", o.LeaseOwner)
-	w.timeOmit("lease_until", o.LeaseUntil)
+	w.timeNull("lease_until", o.LeaseUntil)
 	w.timeOmit("due_at", o.DueAt)
-	w.rawOmit("result", o.Result)
-	w.strOmit("downstream_id", o.DownstreamID)
-	w.strOmit("undo_ref", o.UndoRef)
+	w.raw("result", o.Result)
+	w.str("downstream_id", o.DownstreamID)
+	w.str("undo_ref", o.UndoRef)
 	w.strOmit("downstream_key", o.DownstreamKey)
 	w.int("compensations", int64(o.Compensations))
 	w.boolOmit("approved", o.Approved)
 	if len(o.Approvals) > 0 {
 		w.ok = false // a list of strings: left to encoding/json
 	}
-	w.strOmit("last_error_class", o.LastErrorClass)
+	w.str("last_error_class", o.LastErrorClass)
 	w.intOmit("evidence", int64(o.Evidence))
 	if o.Escalation != nil {
 		w.member("escalation")

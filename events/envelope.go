@@ -25,6 +25,11 @@ type Envelope struct {
 type IntentData struct {
 	Args      json.RawMessage `json:"args"`
 	Principal string          `json:"principal"`
+	// PayloadHash is set only on the public copy of an intent (see
+	// PublicIntent), whose args are redacted: the hash of the args as
+	// recorded, which the redacted ones no longer give. A producer to the
+	// intents topic never sets it.
+	PayloadHash string `json:"payload_hash,omitempty"`
 }
 
 // IntentRejectedData is the data of intent.rejected.

@@ -28,7 +28,11 @@ const ReasonApprovalRequired = "approval_required"
 const IntentPickupGrace = 15 * time.Second
 
 // Operation is the record of one intended business effect (DESIGN §3): the
-// fold of its events. The executor decides from it, the projector stores it.
+// fold of its events. It is the one shape of the record: the store keeps it
+// as the head of each operation, the projector's read model holds it, and
+// the HTTP API answers it (with args redacted), all under these JSON names.
+// The fields of the contract are always present, null or "" while not known
+// yet; the rest are omitted when empty.
 type Operation struct {
 	Key         string          `json:"operation_key"`
 	Tool        string          `json:"tool"`
@@ -40,13 +44,13 @@ type Operation struct {
 	Phase       Phase           `json:"phase"`
 	Attempt     int             `json:"attempt"`
 	LeaseOwner  string          `json:"lease_owner,omitempty"`
-	LeaseUntil  *time.Time      `json:"lease_until,omitempty"`
+	LeaseUntil  *time.Time      `json:"lease_until"`
 	// DueAt is when the executor must act next (a retry, a compensation, an
 	// intent nobody picked up). Nil when the executor has nothing to do.
 	DueAt         *time.Time      `json:"due_at,omitempty"`
-	Result        json.RawMessage `json:"result,omitempty"`
-	DownstreamID  string          `json:"downstream_id,omitempty"`
-	UndoRef       string          `json:"undo_ref,omitempty"`
+	Result        json.RawMessage `json:"result"`
+	DownstreamID  string          `json:"downstream_id"`
+	UndoRef       string          `json:"undo_ref"`
 	DownstreamKey string          `json:"downstream_key,omitempty"`
 	// Compensations counts undone attempts; it picks the next downstream key.
 	Compensations int  `json:"compensations"`
@@ -55,7 +59,7 @@ type Operation struct {
 	// operation waited in the approval gate; it runs once there are as many
 	// as its escalation's Approvers.
 	Approvals      []string `json:"approvals,omitempty"`
-	LastErrorClass string   `json:"last_error_class,omitempty"`
+	LastErrorClass string   `json:"last_error_class"`
 	// Evidence counts events that changed nothing but were kept: late
 	// outcomes of lost leases and rejected intents.
 	Evidence       int             `json:"evidence,omitempty"`
@@ -74,6 +78,21 @@ type Operation struct {
 // process's CPU spent on them.
 func MarshalOperation(op Operation) ([]byte, error) {
 	return marshal(op)
+}
+
+// UnmarshalOperation decodes a record MarshalOperation wrote. The record
+// always carries "result", null until the downstream answered; decoded by
+// json.Unmarshal alone that null would become the bytes "null" rather than
+// no result, which is what the fold holds.
+func UnmarshalOperation(b []byte) (Operation, error) {
+	var op Operation
+	if err := json.Unmarshal(b, &op); err != nil {
+		return Operation{}, err
+	}
+	if string(op.Result) == "null" {
+		op.Result = nil
+	}
+	return op, nil
 }
 
 // DownstreamKeyFor is the idempotency key sent downstream (DESIGN §5): the
@@ -169,9 +188,17 @@ func Apply(op Operation, e Envelope) (Operation, error) {
 			return illegal("operation already exists")
 		}
 		due := at.Add(IntentPickupGrace)
+		args := d.Args
+		if d.PayloadHash != "" {
+			// A public copy: its args are redacted, so the record keeps the
+			// recorded args' hash and no args at all. It can neither pass
+			// the redacted values off as the request nor be executed (the
+			// executor refuses a record without args).
+			argsHash, args = d.PayloadHash, nil
+		}
 		next = Operation{
 			Key: e.OperationKey, Tool: e.Tool, EffectClass: e.EffectClass,
-			PayloadHash: argsHash, Principal: d.Principal, Args: d.Args,
+			PayloadHash: argsHash, Principal: d.Principal, Args: args,
 			Status: StatusPending, Phase: PhaseAttempt, DueAt: &due,
 			Seq: e.Seq, CreatedAt: at, UpdatedAt: at,
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"regexp"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -40,6 +41,10 @@ func (e *Executor) runAttempt(ctx context.Context, span trace.Span, op events.Op
 	}
 	stop()
 	e.crashPoint(PointAfterResponse)
+	// The result is journaled, stored in the record and returned to every
+	// duplicate: a downstream that echoes the request (a charge answering
+	// with the card number) must not carry sensitive args into it.
+	res.Body = tool.Scrub(t.Spec(), op.Args, res.Body)
 	now := e.cfg.Now()
 	spec := withEvidence(outcomeSpec(op, res, t.Spec().Caps, now, e.cfg.Rand), g.evidence)
 	next := e.record(ctx, op, spec)
@@ -256,7 +261,7 @@ func requestEvidence(op events.Operation, t tool.Tool) json.RawMessage {
 		"operation_key": op.Key,
 		"tool":          op.Tool,
 		"principal":     op.Principal,
-		"args":          t.Spec().Redact(op.Args),
+		"args":          tool.Scrub(t.Spec(), op.Args, op.Args),
 	}
 	b, _ := json.Marshal(req)
 	return b
@@ -269,11 +274,16 @@ func orDefault(s, d string) string {
 	return s
 }
 
+// queryString matches the query of a URL quoted in an error message: a URL
+// template may put args into the query, and net/http quotes the whole URL
+// in its errors, which are journaled as evidence.
+var queryString = regexp.MustCompile(`\?[^\s"']*`)
+
 func errText(err error) string {
 	if err == nil {
 		return ""
 	}
-	s := err.Error()
+	s := queryString.ReplaceAllString(err.Error(), "?…")
 	if len(s) > 500 {
 		s = s[:500]
 	}

@@ -70,6 +70,10 @@ func (e *Executor) plan(op events.Operation, now time.Time, immediate bool) (ste
 	switch {
 	case !known:
 		class, reject = "unknown_tool", fmt.Errorf("tool %q is not registered", op.Tool)
+	case len(op.Args) == 0:
+		// The fold of a public copy of an intent (events.PublicIntent, the
+		// one on the outcomes topic) has no args: its args were redacted.
+		class, reject = "redacted_intent", errors.New("the intent is the redacted copy published outside the intents topic")
 	case t.Spec().Effect != op.EffectClass:
 		class, reject = "effect_class_mismatch", fmt.Errorf("intent says %s, tool %q is %s", op.EffectClass, op.Tool, t.Spec().Effect)
 	default:

@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -289,15 +288,11 @@ func validate(in Intent) (string, error) {
 }
 
 func validKey(field, key string) error {
-	switch {
-	case key == "":
+	if key == "" {
 		return &InvalidIntentError{Field: field, Reason: "missing"}
-	case len(key) > events.MaxOperationKeyBytes:
-		return &InvalidIntentError{Field: field, Reason: fmt.Sprintf("%d bytes, over the %d byte limit", len(key), events.MaxOperationKeyBytes)}
-	case !utf8.ValidString(key):
-		return &InvalidIntentError{Field: field, Reason: "not valid UTF-8"}
-	case strings.ContainsRune(key, 0):
-		return &InvalidIntentError{Field: field, Reason: "contains a NUL byte"}
+	}
+	if err := events.CheckOperationKey(key); err != nil {
+		return &InvalidIntentError{Field: field, Reason: strings.TrimPrefix(err.Error(), events.ErrInvalidOperationKey.Error()+": ")}
 	}
 	return nil
 }

@@ -69,6 +69,12 @@ func TestAppendValidation(t *testing.T) {
 	}{
 		{"no key", func(in *outbox.Intent) { in.OperationKey = "" }, "operation_key"},
 		{"key too long", func(in *outbox.Intent) { in.OperationKey = strings.Repeat("k", events.MaxOperationKeyBytes+1) }, "operation_key"},
+		// The one key rule of events.CheckOperationKey, the API's and the
+		// decoder's too: a key with a newline used to pass here.
+		{"key with a newline", func(in *outbox.Intent) { in.OperationKey = "wf:o-1\nreserve" }, "operation_key"},
+		{"key with a NUL", func(in *outbox.Intent) { in.OperationKey = "wf:o-1\x00" }, "operation_key"},
+		{"key of invalid UTF-8", func(in *outbox.Intent) { in.OperationKey = "wf:o-\xff" }, "operation_key"},
+		{"key with DEL", func(in *outbox.Intent) { in.OperationKey = "wf:o-1\x7f" }, "operation_key"},
 		{"no tool", func(in *outbox.Intent) { in.Tool = "" }, "tool"},
 		{"no class", func(in *outbox.Intent) { in.EffectClass = "" }, "effect_class"},
 		{"unknown class", func(in *outbox.Intent) { in.EffectClass = "retryable" }, "effect_class"},

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,8 +18,10 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/tool"
 )
 
 // Publisher sends records to Kafka and returns once the brokers have
@@ -53,6 +56,19 @@ type RelayConfig struct {
 	// MeterProvider serves the outbox backlog gauges (MetricOutboxBacklog,
 	// MetricOutboxLag) while Run runs. Default: the global provider.
 	MeterProvider metric.MeterProvider
+
+	// IntentsTopic is the full name of the intents topic, the only one an
+	// intent is published to with its args whole (the executor needs
+	// them). Every other copy of an intent (the one on the outcomes topic)
+	// is events.PublicIntent: args redacted by RedactArgs. Default
+	// "effectline.intents"; a deployment with another topic prefix must set
+	// it, or its intents topic gets the redacted copy too, which the
+	// executor refuses to run: a mistake that fails closed.
+	IntentsTopic string
+	// RedactArgs redacts an intent's args for its public copy, knowing the
+	// tool (tool.Scrub with the tool's spec). Default: redaction by field
+	// names only, which misses what only a tool's schema marks sensitive.
+	RedactArgs func(tool string, args json.RawMessage) json.RawMessage
 }
 
 // Defaults of RelayConfig.
@@ -85,6 +101,12 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 	}
 	if c.MeterProvider == nil {
 		c.MeterProvider = otel.GetMeterProvider()
+	}
+	if c.IntentsTopic == "" {
+		c.IntentsTopic = kafka.DefaultTopicPrefix + events.TopicIntents
+	}
+	if c.RedactArgs == nil {
+		c.RedactArgs = func(_ string, args json.RawMessage) json.RawMessage { return tool.Scrub(nil, args, args) }
 	}
 	return c
 }
@@ -366,8 +388,18 @@ func (r *Relay) publish(ctx context.Context, evs []store.OutboxEvent) error {
 		if tp == "" {
 			tp = e.Traceparent
 		}
-		records[i] = kafka.Record{Topic: e.Topic, Envelope: e.Envelope, Raw: e.Raw, Traceparent: tp}
 		spans[i] = span
+		env, raw := e.Envelope, e.Raw
+		if env.Type == events.IntentRecorded && e.Topic != r.cfg.IntentsTopic {
+			var err error
+			if env, raw, err = r.publicIntent(env); err != nil {
+				for _, s := range spans[:i+1] {
+					s.End()
+				}
+				return err
+			}
+		}
+		records[i] = kafka.Record{Topic: e.Topic, Envelope: env, Raw: raw, Traceparent: tp}
 	}
 	err := r.pub.Send(records)
 	for _, s := range spans {
@@ -378,6 +410,22 @@ func (r *Relay) publish(ctx context.Context, evs []store.OutboxEvent) error {
 		s.End()
 	}
 	return err
+}
+
+// publicIntent is the copy of an intent for topics other than the intents
+// topic: args redacted (events.PublicIntent). A journaled intent always
+// decodes, so an error is a bug; the batch is then not published, rather
+// than published with the args whole.
+func (r *Relay) publicIntent(e events.Envelope) (events.Envelope, []byte, error) {
+	pub, err := events.PublicIntent(e, func(args json.RawMessage) json.RawMessage { return r.cfg.RedactArgs(e.Tool, args) })
+	if err != nil {
+		return e, nil, fmt.Errorf("outbox relay: redacting the intent of %s: %w", e.OperationKey, err)
+	}
+	raw, err := events.Encode(pub)
+	if err != nil {
+		return e, nil, fmt.Errorf("outbox relay: encoding the public intent of %s: %w", e.OperationKey, err)
+	}
+	return pub, raw, nil
 }
 
 // listen keeps a LISTEN connection open until ctx is done, reconnecting

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/effectline/effectline/events"
@@ -208,7 +207,7 @@ func (b *batcher) flush(ctx context.Context, batch []*request) {
 	switch {
 	case err == nil:
 		b.answer(live, results)
-	case isDataError(err) && len(keys) > 1:
+	case errors.Is(err, store.ErrRejectedValue) && len(keys) > 1:
 		// One event's row was refused (a value PostgreSQL will not store).
 		// Retrying the batch would fail forever and stall every partition in
 		// it, so each operation commits on its own and only the culprit's
@@ -220,7 +219,7 @@ func (b *batcher) flush(ctx context.Context, batch []*request) {
 			}
 			b.commitAlone(fctx, group)
 		}
-	case isDataError(err):
+	case errors.Is(err, store.ErrRejectedValue):
 		b.reject(live, err)
 	default:
 		b.log.WarnContext(fctx, "projector: committing a batch failed; its events will be delivered again",
@@ -238,7 +237,7 @@ func (b *batcher) commitAlone(ctx context.Context, reqs []*request) {
 	switch {
 	case err == nil:
 		b.answer(reqs, results)
-	case isDataError(err):
+	case errors.Is(err, store.ErrRejectedValue):
 		b.reject(reqs, err)
 	default:
 		for _, r := range reqs {
@@ -433,16 +432,4 @@ func (b *batcher) fill(ctx context.Context, op events.Operation, e events.Envelo
 		return op, result{outcome: outcomeRejected, reason: fmt.Errorf("%w (it holds seq %d to %d)", errNotJournaled, op.Seq+1, next.Seq)}, nil
 	}
 	return next, result{outcome: outcomeFilled, filled: int(e.Seq - op.Seq - 1)}, nil
-}
-
-// isDataError reports whether PostgreSQL refused a value rather than failed:
-// a data exception (a \u0000 inside a JSON string, which jsonb cannot hold)
-// or a program limit (a value too large for an index entry). Retrying such a
-// write fails the same way every time.
-func isDataError(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return false
-	}
-	return len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "54")
 }

@@ -48,14 +48,14 @@ func ExampleReader_List() {
 	defer pool.Close()
 
 	r := projector.NewReader(pool)
-	f := projector.Filter{Status: events.StatusEscalated, Limit: 100}
+	f := events.ListFilter{Status: events.StatusEscalated, Limit: 100}
 	for {
 		page, err := r.List(ctx, f)
 		if err != nil {
 			log.Fatal(err)
 		}
 		for _, s := range page.Items {
-			fmt.Println(s.OperationKey, s.Tool, s.Escalation.Reason)
+			fmt.Println(s.Key, s.Tool, s.Escalation.Reason)
 		}
 		if page.NextCursor == "" {
 			break

@@ -14,94 +14,16 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/store"
 )
 
-// Page sizes of List.
-const (
-	DefaultLimit = 50
-	MaxLimit     = 500
-)
-
-var (
-	// ErrNotFound: no operation under that key in the read model (it may not
-	// have been projected yet).
-	ErrNotFound = errors.New("operation not found")
-	// ErrInvalidFilter is wrapped by every *FilterError.
-	ErrInvalidFilter = errors.New("invalid filter")
-)
-
-// FilterError says which part of a List filter is wrong; the HTTP API
-// answers it with 400.
-type FilterError struct {
-	Field  string // "status", "limit" or "cursor"
-	Reason string
-}
-
-func (e *FilterError) Error() string {
-	return fmt.Sprintf("invalid filter: %s: %s", e.Field, e.Reason)
-}
-
-// Unwrap makes errors.Is(err, ErrInvalidFilter) true.
-func (e *FilterError) Unwrap() error { return ErrInvalidFilter }
-
-// IsInvalidFilter reports whether err is a *FilterError.
-func IsInvalidFilter(err error) bool {
-	var fe *FilterError
-	return errors.As(err, &fe)
-}
-
-// State is one row of operation_state: the operation record of DESIGN §3 as
-// the read model holds it. The JSON names are the contract's field names.
-type State struct {
-	OperationKey string             `json:"operation_key"`
-	Tool         string             `json:"tool"`
-	EffectClass  events.EffectClass `json:"effect_class"`
-	PayloadHash  string             `json:"payload_hash"`
-	Principal    string             `json:"principal"`
-	Status       events.Status      `json:"status"`
-	Phase        events.Phase       `json:"phase"`
-	Attempt      int                `json:"attempt"`
-	LeaseUntil   *time.Time         `json:"lease_until"`
-	// Result is the stored response as PostgreSQL's jsonb keeps it: the same
-	// JSON value, not necessarily the same bytes (key order and whitespace
-	// are normalized).
-	Result         json.RawMessage `json:"result"`
-	DownstreamID   string          `json:"downstream_id"`
-	UndoRef        string          `json:"undo_ref"`
-	LastErrorClass string          `json:"last_error_class"`
-	Compensations  int             `json:"compensations"`
-	// Evidence counts events kept without changing the state: late outcomes
-	// of lost leases and rejected intents.
-	Evidence int `json:"evidence"`
-	// Escalation is the evidence an approver decides on, while escalated.
-	Escalation  *events.EscalationData `json:"escalation,omitempty"`
-	LastSeq     int64                  `json:"last_seq"`
-	CreatedAt   time.Time              `json:"created_at"`
-	UpdatedAt   time.Time              `json:"updated_at"`
-	ProjectedAt time.Time              `json:"projected_at"`
-}
-
-// Filter selects and pages List. The zero Filter lists every operation,
-// DefaultLimit at a time.
-type Filter struct {
-	// Status, when set, keeps operations in that status.
-	Status events.Status
-	// Tool, when set, keeps operations of that tool.
-	Tool string
-	// Limit is the page size: DefaultLimit when zero, at most MaxLimit.
-	Limit int
-	// Cursor is the NextCursor of the previous page; empty for the first.
-	Cursor string
-}
-
-// Page is one page of List.
-type Page struct {
-	Items []State `json:"items"`
-	// NextCursor continues after the last item; empty on the last page.
-	NextCursor string `json:"next_cursor,omitempty"`
-}
-
-// Reader queries operation_state.
+// Reader queries operation_state. The records it returns hold what the
+// table's columns hold: every field of the contract, the phase, the
+// compensation and evidence counts and the escalation. The args and the
+// executor's bookkeeping (lease owner, due time, downstream key, attempt
+// times) are left out; the event store's head record has them. Result is
+// the stored response as PostgreSQL's jsonb keeps it: the same JSON value,
+// not necessarily the same bytes (key order and whitespace are normalized).
 type Reader struct {
 	pool *pgxpool.Pool
 }
@@ -111,20 +33,21 @@ func NewReader(pool *pgxpool.Pool) *Reader { return &Reader{pool: pool} }
 
 const stateColumns = `operation_key, tool, effect_class, payload_hash, principal, status, phase, attempt,
        lease_until, result, downstream_id, undo_ref, last_error_class, compensations, evidence,
-       escalation, last_seq, created_at, updated_at, projected_at`
+       escalation, last_seq, created_at, updated_at`
 
-// Get returns the state of one operation, or ErrNotFound.
-func (r *Reader) Get(ctx context.Context, key string) (State, error) {
+// Get returns the record of one operation, or store.ErrNotFound (it may
+// not have been projected yet).
+func (r *Reader) Get(ctx context.Context, key string) (events.Operation, error) {
 	rows, err := r.pool.Query(ctx, `SELECT `+stateColumns+` FROM operation_state WHERE operation_key = $1`, key)
 	if err != nil {
-		return State{}, fmt.Errorf("reading operation %s: %w", key, err)
+		return events.Operation{}, fmt.Errorf("reading operation %s: %w", key, err)
 	}
 	s, err := pgx.CollectExactlyOneRow(rows, scanState)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return State{}, fmt.Errorf("reading operation %s: %w", key, ErrNotFound)
+		return events.Operation{}, fmt.Errorf("reading operation %s: %w", key, store.ErrNotFound)
 	}
 	if err != nil {
-		return State{}, fmt.Errorf("reading operation %s: %w", key, err)
+		return events.Operation{}, fmt.Errorf("reading operation %s: %w", key, err)
 	}
 	return s, nil
 }
@@ -135,13 +58,13 @@ func (r *Reader) Get(ctx context.Context, key string) (State, error) {
 // while a client pages does not shift the pages it has not read yet (it
 // appears before the first page). Each operation appears on exactly one page
 // as long as its created_at does not change, which it never does.
-func (r *Reader) List(ctx context.Context, f Filter) (Page, error) {
+func (r *Reader) List(ctx context.Context, f events.ListFilter) (events.ListPage, error) {
 	limit, err := pageLimit(f.Limit)
 	if err != nil {
-		return Page{}, err
+		return events.ListPage{}, err
 	}
 	if f.Status != "" && !f.Status.Valid() {
-		return Page{}, &FilterError{Field: "status", Reason: fmt.Sprintf("unknown status %q", f.Status)}
+		return events.ListPage{}, &events.FilterError{Field: "status", Reason: fmt.Sprintf("unknown status %q", f.Status)}
 	}
 	// The WHERE clause is built from the filters present rather than with
 	// "$1 IS NULL OR …" guards, so each shape gets a plan that uses its
@@ -160,10 +83,13 @@ func (r *Reader) List(ctx context.Context, f Filter) (Page, error) {
 	if f.Tool != "" {
 		conds = append(conds, "tool = "+arg(f.Tool))
 	}
+	if f.Principal != "" {
+		conds = append(conds, "principal = "+arg(f.Principal))
+	}
 	if f.Cursor != "" {
 		c, err := decodeCursor(f.Cursor)
 		if err != nil {
-			return Page{}, err
+			return events.ListPage{}, err
 		}
 		conds = append(conds, "(created_at, operation_key) < ("+arg(c.CreatedAt)+", "+arg(c.Key)+")")
 	}
@@ -176,20 +102,20 @@ func (r *Reader) List(ctx context.Context, f Filter) (Page, error) {
 
 	rows, err := r.pool.Query(ctx, sql, args...)
 	if err != nil {
-		return Page{}, fmt.Errorf("listing operations: %w", err)
+		return events.ListPage{}, fmt.Errorf("listing operations: %w", err)
 	}
 	items, err := pgx.CollectRows(rows, scanState)
 	if err != nil {
-		return Page{}, fmt.Errorf("listing operations: %w", err)
+		return events.ListPage{}, fmt.Errorf("listing operations: %w", err)
 	}
-	p := Page{Items: items}
+	p := events.ListPage{Items: items}
 	if len(items) > limit {
 		p.Items = items[:limit]
 		last := p.Items[limit-1]
-		p.NextCursor = encodeCursor(cursor{CreatedAt: last.CreatedAt, Key: last.OperationKey})
+		p.NextCursor = encodeCursor(cursor{CreatedAt: last.CreatedAt, Key: last.Key})
 	}
 	if p.Items == nil {
-		p.Items = []State{}
+		p.Items = []events.Operation{}
 	}
 	return p, nil
 }
@@ -197,27 +123,27 @@ func (r *Reader) List(ctx context.Context, f Filter) (Page, error) {
 func pageLimit(n int) (int, error) {
 	switch {
 	case n < 0:
-		return 0, &FilterError{Field: "limit", Reason: "must not be negative"}
+		return 0, &events.FilterError{Field: "limit", Reason: "must not be negative"}
 	case n == 0:
-		return DefaultLimit, nil
-	case n > MaxLimit:
-		return MaxLimit, nil
+		return events.DefaultListLimit, nil
+	case n > events.MaxListLimit:
+		return events.MaxListLimit, nil
 	}
 	return n, nil
 }
 
-func scanState(row pgx.CollectableRow) (State, error) {
+func scanState(row pgx.CollectableRow) (events.Operation, error) {
 	var (
-		s                    State
+		s                    events.Operation
 		class, status, phase string
 		attempt, comps, evid int32
 		result, escalation   []byte
 	)
-	err := row.Scan(&s.OperationKey, &s.Tool, &class, &s.PayloadHash, &s.Principal, &status, &phase, &attempt,
+	err := row.Scan(&s.Key, &s.Tool, &class, &s.PayloadHash, &s.Principal, &status, &phase, &attempt,
 		&s.LeaseUntil, &result, &s.DownstreamID, &s.UndoRef, &s.LastErrorClass, &comps, &evid,
-		&escalation, &s.LastSeq, &s.CreatedAt, &s.UpdatedAt, &s.ProjectedAt)
+		&escalation, &s.Seq, &s.CreatedAt, &s.UpdatedAt)
 	if err != nil {
-		return State{}, err
+		return events.Operation{}, err
 	}
 	s.EffectClass, s.Status, s.Phase = events.EffectClass(class), events.Status(status), events.Phase(phase)
 	s.Attempt, s.Compensations, s.Evidence = int(attempt), int(comps), int(evid)
@@ -227,10 +153,10 @@ func scanState(row pgx.CollectableRow) (State, error) {
 	if escalation != nil {
 		s.Escalation = &events.EscalationData{}
 		if err := json.Unmarshal(escalation, s.Escalation); err != nil {
-			return State{}, fmt.Errorf("decoding the escalation of %s: %w", s.OperationKey, err)
+			return events.Operation{}, fmt.Errorf("decoding the escalation of %s: %w", s.Key, err)
 		}
 	}
-	s.CreatedAt, s.UpdatedAt, s.ProjectedAt = s.CreatedAt.UTC(), s.UpdatedAt.UTC(), s.ProjectedAt.UTC()
+	s.CreatedAt, s.UpdatedAt = s.CreatedAt.UTC(), s.UpdatedAt.UTC()
 	if s.LeaseUntil != nil {
 		l := s.LeaseUntil.UTC()
 		s.LeaseUntil = &l
@@ -255,7 +181,7 @@ func encodeCursor(c cursor) string {
 
 func decodeCursor(s string) (cursor, error) {
 	bad := func(reason string) (cursor, error) {
-		return cursor{}, &FilterError{Field: "cursor", Reason: reason}
+		return cursor{}, &events.FilterError{Field: "cursor", Reason: reason}
 	}
 	if len(s) > maxCursorLen {
 		return bad("too long")
@@ -280,3 +206,42 @@ func decodeCursor(s string) (cursor, error) {
 // key with every byte JSON-escaped (6 bytes each), the timestamp and the
 // braces, in base64.
 const maxCursorLen = (events.MaxOperationKeyBytes*6+64)*4/3 + 4
+
+// ProjectedAt returns when each operation now in status had its row last
+// written. The load generator reads it for the latency from an intent's
+// commit to its outcome in the read model.
+func (r *Reader) ProjectedAt(ctx context.Context, status events.Status) (map[string]time.Time, error) {
+	rows, err := r.pool.Query(ctx, `SELECT operation_key, projected_at FROM operation_state WHERE status = $1`, string(status))
+	if err != nil {
+		return nil, fmt.Errorf("listing projection times: %w", err)
+	}
+	out := map[string]time.Time{}
+	var (
+		key string
+		at  time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&key, &at}, func() error {
+		out[key] = at
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing projection times: %w", err)
+	}
+	return out, nil
+}
+
+// CountTerminal returns how many operations the read model holds in a
+// terminal status (completed, failed, compensated).
+func (r *Reader) CountTerminal(ctx context.Context) (int, error) {
+	var terminal []string
+	for _, s := range events.Statuses() {
+		if s.Terminal() {
+			terminal = append(terminal, string(s))
+		}
+	}
+	var n int
+	if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM operation_state WHERE status = ANY($1)`, terminal).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting settled operations: %w", err)
+	}
+	return n, nil
+}

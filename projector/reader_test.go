@@ -65,11 +65,11 @@ func TestReaderGet(t *testing.T) {
 	}
 
 	_, err := r.Get(ctx, "no-such-operation")
-	if !errors.Is(err, projector.ErrNotFound) {
+	if !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("Get of a missing key: err = %v, want ErrNotFound", err)
 	}
 
-	// The JSON of a state carries the contract's field names (DESIGN §3).
+	// The JSON of a record carries the contract's field names (DESIGN §3).
 	st, err := r.Get(ctx, "op-007")
 	if err != nil {
 		t.Fatal(err)
@@ -84,19 +84,19 @@ func TestReaderGet(t *testing.T) {
 	}
 	for _, f := range []string{"operation_key", "tool", "effect_class", "payload_hash", "principal", "status",
 		"attempt", "lease_until", "result", "downstream_id", "undo_ref", "created_at", "updated_at",
-		"last_error_class", "last_seq"} {
+		"last_error_class", "seq"} {
 		if _, ok := fields[f]; !ok {
-			t.Errorf("State JSON lacks %q: %s", f, b)
+			t.Errorf("record JSON lacks %q: %s", f, b)
 		}
 	}
 }
 
 // listAll pages through f with its limit and returns every item in order,
 // failing on a page longer than the limit.
-func listAll(t *testing.T, r *projector.Reader, f projector.Filter) ([]projector.State, int) {
+func listAll(t *testing.T, r *projector.Reader, f events.ListFilter) ([]events.Operation, int) {
 	t.Helper()
 	var (
-		all   []projector.State
+		all   []events.Operation
 		pages int
 	)
 	for {
@@ -124,22 +124,22 @@ func listAll(t *testing.T, r *projector.Reader, f projector.Filter) ([]projector
 
 // assertKeysetOrder checks newest first, ties by key descending, and that
 // the items are exactly the operations that match.
-func assertKeysetOrder(t *testing.T, what string, items []projector.State, ops map[string]events.Operation, match func(events.Operation) bool) {
+func assertKeysetOrder(t *testing.T, what string, items []events.Operation, ops map[string]events.Operation, match func(events.Operation) bool) {
 	t.Helper()
 	seen := map[string]bool{}
 	for i, s := range items {
-		if seen[s.OperationKey] {
-			t.Errorf("%s: %s appears twice", what, s.OperationKey)
+		if seen[s.Key] {
+			t.Errorf("%s: %s appears twice", what, s.Key)
 		}
-		seen[s.OperationKey] = true
-		if op, ok := ops[s.OperationKey]; !ok || !match(op) {
-			t.Errorf("%s: %s does not match the filter", what, s.OperationKey)
+		seen[s.Key] = true
+		if op, ok := ops[s.Key]; !ok || !match(op) {
+			t.Errorf("%s: %s does not match the filter", what, s.Key)
 		}
 		if i > 0 {
 			prev := items[i-1]
-			if s.CreatedAt.After(prev.CreatedAt) || (s.CreatedAt.Equal(prev.CreatedAt) && s.OperationKey >= prev.OperationKey) {
+			if s.CreatedAt.After(prev.CreatedAt) || (s.CreatedAt.Equal(prev.CreatedAt) && s.Key >= prev.Key) {
 				t.Errorf("%s: %s (%s) follows %s (%s): not newest first", what,
-					s.OperationKey, s.CreatedAt, prev.OperationKey, prev.CreatedAt)
+					s.Key, s.CreatedAt, prev.Key, prev.CreatedAt)
 			}
 		}
 	}
@@ -156,25 +156,25 @@ func TestReaderListPagesEveryRowOnceNewestFirst(t *testing.T) {
 	r := projector.NewReader(h.pool)
 	all := func(events.Operation) bool { return true }
 
-	items, pages := listAll(t, r, projector.Filter{Limit: 50})
+	items, pages := listAll(t, r, events.ListFilter{Limit: 50})
 	if len(items) != readerOps || pages != 3 {
 		t.Errorf("limit 50: %d items in %d pages, want %d in 3", len(items), pages, readerOps)
 	}
 	assertKeysetOrder(t, "limit 50", items, ops, all)
 
 	// The page size default and cap.
-	p, err := r.List(t.Context(), projector.Filter{})
-	if err != nil || len(p.Items) != projector.DefaultLimit || p.NextCursor == "" {
+	p, err := r.List(t.Context(), events.ListFilter{})
+	if err != nil || len(p.Items) != events.DefaultListLimit || p.NextCursor == "" {
 		t.Errorf("default limit: %d items, cursor %q, err %v", len(p.Items), p.NextCursor, err)
 	}
-	p, err = r.List(t.Context(), projector.Filter{Limit: 10_000})
+	p, err = r.List(t.Context(), events.ListFilter{Limit: 10_000})
 	if err != nil || len(p.Items) != readerOps || p.NextCursor != "" {
 		t.Errorf("limit above the cap: %d items, cursor %q, err %v", len(p.Items), p.NextCursor, err)
 	}
 
 	// Limits that end exactly on a page boundary, and pages of one.
 	for _, limit := range []int{1, 7, 40, 120} {
-		items, _ := listAll(t, r, projector.Filter{Limit: limit})
+		items, _ := listAll(t, r, events.ListFilter{Limit: limit})
 		assertKeysetOrder(t, fmt.Sprintf("limit %d", limit), items, ops, all)
 	}
 }
@@ -185,14 +185,14 @@ func TestReaderListFilters(t *testing.T) {
 	r := projector.NewReader(h.pool)
 
 	for _, status := range []events.Status{events.StatusPending, events.StatusCompleted, events.StatusFailed, events.StatusEscalated} {
-		items, _ := listAll(t, r, projector.Filter{Status: status, Limit: 15})
+		items, _ := listAll(t, r, events.ListFilter{Status: status, Limit: 15})
 		assertKeysetOrder(t, "status "+string(status), items, ops, func(op events.Operation) bool { return op.Status == status })
 	}
 	for _, tool := range append(readerTools, "no.such.tool") {
-		items, _ := listAll(t, r, projector.Filter{Tool: tool, Limit: 25})
+		items, _ := listAll(t, r, events.ListFilter{Tool: tool, Limit: 25})
 		assertKeysetOrder(t, "tool "+tool, items, ops, func(op events.Operation) bool { return op.Tool == tool })
 	}
-	items, _ := listAll(t, r, projector.Filter{Status: events.StatusCompleted, Tool: readerTools[1], Limit: 6})
+	items, _ := listAll(t, r, events.ListFilter{Status: events.StatusCompleted, Tool: readerTools[1], Limit: 6})
 	if len(items) != readerOps/6 {
 		t.Errorf("completed %s: %d items, want %d", readerTools[1], len(items), readerOps/6)
 	}
@@ -200,7 +200,7 @@ func TestReaderListFilters(t *testing.T) {
 		return op.Status == events.StatusCompleted && op.Tool == readerTools[1]
 	})
 
-	p, err := r.List(t.Context(), projector.Filter{Tool: "no.such.tool"})
+	p, err := r.List(t.Context(), events.ListFilter{Tool: "no.such.tool"})
 	if err != nil || p.Items == nil || len(p.Items) != 0 || p.NextCursor != "" {
 		t.Errorf("empty result: %+v, %v; want an empty, non-nil page", p, err)
 	}
@@ -213,22 +213,22 @@ func TestReaderListRejectsInvalidFilters(t *testing.T) {
 	b64 := base64.RawURLEncoding.EncodeToString
 	cases := []struct {
 		name  string
-		f     projector.Filter
+		f     events.ListFilter
 		field string
 	}{
-		{"not base64", projector.Filter{Cursor: "%%%"}, "cursor"},
-		{"not JSON", projector.Filter{Cursor: b64([]byte("garbage"))}, "cursor"},
-		{"empty object", projector.Filter{Cursor: b64([]byte(`{}`))}, "cursor"},
-		{"unknown field", projector.Filter{Cursor: b64([]byte(`{"t":"2026-01-01T00:00:00Z","k":"a","x":1}`))}, "cursor"},
-		{"wrong types", projector.Filter{Cursor: b64([]byte(`{"t":5,"k":"a"}`))}, "cursor"},
-		{"too long", projector.Filter{Cursor: strings.Repeat("A", 1<<16)}, "cursor"},
-		{"unknown status", projector.Filter{Status: "done"}, "status"},
-		{"negative limit", projector.Filter{Limit: -1}, "limit"},
+		{"not base64", events.ListFilter{Cursor: "%%%"}, "cursor"},
+		{"not JSON", events.ListFilter{Cursor: b64([]byte("garbage"))}, "cursor"},
+		{"empty object", events.ListFilter{Cursor: b64([]byte(`{}`))}, "cursor"},
+		{"unknown field", events.ListFilter{Cursor: b64([]byte(`{"t":"2026-01-01T00:00:00Z","k":"a","x":1}`))}, "cursor"},
+		{"wrong types", events.ListFilter{Cursor: b64([]byte(`{"t":5,"k":"a"}`))}, "cursor"},
+		{"too long", events.ListFilter{Cursor: strings.Repeat("A", 1<<16)}, "cursor"},
+		{"unknown status", events.ListFilter{Status: "done"}, "status"},
+		{"negative limit", events.ListFilter{Limit: -1}, "limit"},
 	}
 	for _, c := range cases {
 		_, err := r.List(t.Context(), c.f)
-		var fe *projector.FilterError
-		if !errors.As(err, &fe) || fe.Field != c.field || !errors.Is(err, projector.ErrInvalidFilter) || !projector.IsInvalidFilter(err) {
+		var fe *events.FilterError
+		if !errors.As(err, &fe) || fe.Field != c.field || !errors.Is(err, events.ErrInvalidFilter) {
 			t.Errorf("%s: err = %v, want a *FilterError on %s", c.name, err, c.field)
 		}
 	}

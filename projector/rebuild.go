@@ -10,25 +10,13 @@ import (
 	"github.com/effectline/effectline/store"
 )
 
-// Rebuild batch sizes: events read per query and rows written per statement.
-// They bound memory, not transactions: the rebuild is one transaction.
+// Rebuild batch sizes: events read per query (the store's journal scan) and
+// rows written per statement. They bound memory, not transactions: the
+// rebuild is one transaction.
 const (
 	rebuildReadPage  = 5000
 	rebuildWriteRows = 1000
 )
-
-// rebuildEventsSQL pages through the whole journal in (operation_key, seq)
-// order, the events table's primary key, so every page is an index range
-// scan that starts where the last one ended.
-//
-// It reads the store's table directly: the store offers no scan over every
-// operation, and one Store.Events call per operation would cost a round trip
-// each.
-const rebuildEventsSQL = `
-SELECT operation_key, envelope FROM events
- WHERE (operation_key, seq) > ($1, $2)
- ORDER BY operation_key, seq
- LIMIT $3`
 
 // Rebuild replaces operation_state with the fold of every operation in the
 // event store and returns how many operations it wrote. The result is the
@@ -64,10 +52,8 @@ func rebuild(ctx context.Context, st *store.Store, readPage, writeRows int) (int
 			return fmt.Errorf("clearing operation_state: %w", err)
 		}
 		var (
-			afterKey string
-			afterSeq int64
-			op       events.Operation
-			pending  = make([]events.Operation, 0, writeRows)
+			op      events.Operation
+			pending = make([]events.Operation, 0, writeRows)
 		)
 		flush := func() error {
 			if err := upsertTx(ctx, tx, pending); err != nil {
@@ -77,32 +63,24 @@ func rebuild(ctx context.Context, st *store.Store, readPage, writeRows int) (int
 			pending = pending[:0]
 			return nil
 		}
-		for {
-			page, err := readEventsPage(ctx, tx, afterKey, afterSeq, readPage)
+		for e, err := range store.JournalTx(ctx, tx, readPage) {
 			if err != nil {
 				return err
 			}
-			for _, e := range page {
-				if op.Seq > 0 && e.OperationKey != op.Key {
-					pending = append(pending, op)
-					op = events.Operation{}
-				}
-				next, err := events.Apply(op, e)
-				if err != nil {
-					return fmt.Errorf("folding %s: %w", e.OperationKey, err)
-				}
-				op = next
-			}
-			if len(pending) >= writeRows {
-				if err := flush(); err != nil {
-					return err
+			if op.Seq > 0 && e.OperationKey != op.Key {
+				pending = append(pending, op)
+				op = events.Operation{}
+				if len(pending) >= writeRows {
+					if err := flush(); err != nil {
+						return err
+					}
 				}
 			}
-			if len(page) < readPage {
-				break
+			next, err := events.Apply(op, e)
+			if err != nil {
+				return fmt.Errorf("folding %s: %w", e.OperationKey, err)
 			}
-			last := page[len(page)-1]
-			afterKey, afterSeq = last.OperationKey, last.Seq
+			op = next
 		}
 		if op.Seq > 0 {
 			pending = append(pending, op)
@@ -113,29 +91,4 @@ func rebuild(ctx context.Context, st *store.Store, readPage, writeRows int) (int
 		return 0, fmt.Errorf("rebuilding operation_state: %w", err)
 	}
 	return written, nil
-}
-
-func readEventsPage(ctx context.Context, tx pgx.Tx, afterKey string, afterSeq int64, limit int) ([]events.Envelope, error) {
-	rows, err := tx.Query(ctx, rebuildEventsSQL, afterKey, afterSeq, limit)
-	if err != nil {
-		return nil, fmt.Errorf("reading events after %s/%d: %w", afterKey, afterSeq, err)
-	}
-	page, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (events.Envelope, error) {
-		var (
-			key string
-			raw []byte
-		)
-		if err := row.Scan(&key, &raw); err != nil {
-			return events.Envelope{}, err
-		}
-		e, err := events.Decode(raw)
-		if err != nil {
-			return events.Envelope{}, fmt.Errorf("journaled event of %s: %w", key, err)
-		}
-		return e, nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("reading events after %s/%d: %w", afterKey, afterSeq, err)
-	}
-	return page, nil
 }

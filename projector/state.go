@@ -92,6 +92,11 @@ type rows struct {
 func rowsOf(ops []events.Operation) (*rows, error) {
 	r := &rows{}
 	for _, op := range ops {
+		// The read model holds no args: the outcomes topic carries them
+		// redacted and folds into a record without them (events.PublicIntent),
+		// and a record folded from the journal (a gap filled, a rebuild)
+		// must be the same row.
+		op.Args = nil
 		record, err := events.MarshalOperation(op)
 		if err != nil {
 			return nil, fmt.Errorf("encoding the record of %s: %w", op.Key, err)
@@ -157,7 +162,7 @@ func upsertTx(ctx context.Context, tx pgx.Tx, ops []events.Operation) error {
 		return err
 	}
 	if _, err := tx.Exec(ctx, upsertSQL, r.args()...); err != nil {
-		return fmt.Errorf("writing %d operation states: %w", len(ops), err)
+		return fmt.Errorf("writing %d operation states: %w", len(ops), store.InterpretError(err))
 	}
 	return nil
 }
@@ -174,11 +179,11 @@ func upsert(ctx context.Context, pool *pgxpool.Pool, ops []events.Operation) ([]
 	}
 	rs, err := pool.Query(ctx, projectSQL, r.args()...)
 	if err != nil {
-		return nil, fmt.Errorf("writing %d operation states: %w", len(ops), err)
+		return nil, fmt.Errorf("writing %d operation states: %w", len(ops), store.InterpretError(err))
 	}
 	written, err := pgx.CollectRows(rs, pgx.RowTo[string])
 	if err != nil {
-		return nil, fmt.Errorf("writing %d operation states: %w", len(ops), err)
+		return nil, fmt.Errorf("writing %d operation states: %w", len(ops), store.InterpretError(err))
 	}
 	return written, nil
 }
@@ -188,16 +193,16 @@ func upsert(ctx context.Context, pool *pgxpool.Pool, ops []events.Operation) ([]
 func loadRecords(ctx context.Context, pool *pgxpool.Pool, keys []string) (map[string]events.Operation, error) {
 	rs, err := pool.Query(ctx, loadRowsSQL, keys)
 	if err != nil {
-		return nil, fmt.Errorf("loading %d operation states: %w", len(keys), err)
+		return nil, fmt.Errorf("loading %d operation states: %w", len(keys), store.InterpretError(err))
 	}
 	records, err := pgx.CollectRows(rs, pgx.RowTo[[]byte])
 	if err != nil {
-		return nil, fmt.Errorf("loading %d operation states: %w", len(keys), err)
+		return nil, fmt.Errorf("loading %d operation states: %w", len(keys), store.InterpretError(err))
 	}
 	ops := make(map[string]events.Operation, len(records))
 	for _, rec := range records {
-		var op events.Operation
-		if err := json.Unmarshal(rec, &op); err != nil {
+		op, err := events.UnmarshalOperation(rec)
+		if err != nil {
 			return nil, fmt.Errorf("decoding a stored operation state: %w", err)
 		}
 		ops[op.Key] = op

@@ -3,8 +3,8 @@ package reconciler
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -19,17 +19,6 @@ import (
 	"github.com/effectline/effectline/store"
 )
 
-var (
-	// ErrNotWaiting: the operation is not waiting for a decision (it is
-	// running, settled, or was decided by someone else first). HTTP 409.
-	ErrNotWaiting = errors.New("operation is not waiting for a decision")
-	// ErrInvalidDecision: the decision cannot apply to this operation (an
-	// unknown action, compensate on a tool that cannot be undone or before
-	// any attempt, no approver). HTTP 400 for a malformed request, 409 when
-	// the operation's state is what forbids it.
-	ErrInvalidDecision = errors.New("invalid decision")
-)
-
 // NotWaitingError says which state the operation was in.
 type NotWaitingError struct {
 	OperationKey string
@@ -40,7 +29,7 @@ func (e *NotWaitingError) Error() string {
 	return fmt.Sprintf("operation %s is %s, not waiting for a decision", e.OperationKey, e.Status)
 }
 
-func (e *NotWaitingError) Unwrap() error { return ErrNotWaiting }
+func (e *NotWaitingError) Unwrap() error { return events.ErrNotWaiting }
 
 // InvalidDecisionError says why a decision was refused.
 type InvalidDecisionError struct {
@@ -53,7 +42,7 @@ func (e *InvalidDecisionError) Error() string {
 	return fmt.Sprintf("decision %q on operation %s: %s", e.Action, e.OperationKey, e.Reason)
 }
 
-func (e *InvalidDecisionError) Unwrap() error { return ErrInvalidDecision }
+func (e *InvalidDecisionError) Unwrap() error { return events.ErrInvalidDecision }
 
 // MaxNoteBytes caps a decision's note: it is journaled in an event and shown
 // in the approval UI.
@@ -84,6 +73,30 @@ func WithTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) DecideOptio
 	return func(o *decideOptions) { o.tp, o.mp = tp, mp }
 }
 
+// Decider is Decide bound to a store and its options, for callers that take
+// decisions through a method: it is the HTTP API's Decider as it is.
+type Decider struct {
+	store *store.Store
+	opts  []DecideOption
+}
+
+// NewDecider returns a Decider on st.
+func NewDecider(st *store.Store, opts ...DecideOption) *Decider {
+	return &Decider{store: st, opts: opts}
+}
+
+// Decide is the package's Decide at the current time.
+func (d *Decider) Decide(ctx context.Context, key string, action events.Action, note, approver string) (events.Operation, error) {
+	return Decide(ctx, d.store, key, action, note, approver, time.Now(), d.opts...)
+}
+
+// DecideSeen is Decide with what the approver saw downstream, for a
+// record_success (see WithSeenDownstream).
+func (d *Decider) DecideSeen(ctx context.Context, key string, action events.Action, note, approver, downstreamID string, result json.RawMessage) (events.Operation, error) {
+	opts := append(slices.Clip(d.opts), WithSeenDownstream(downstreamID, result))
+	return Decide(ctx, d.store, key, action, note, approver, time.Now(), opts...)
+}
+
 // Decide records an approver's decision on an operation waiting for one
 // (escalated or needs_reconciliation) and returns the record it produced:
 //
@@ -94,25 +107,25 @@ func WithTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) DecideOptio
 //     then retries under a new downstream key within the caps;
 //   - abandon: failed.
 //
-// It refuses with a *NotWaitingError (errors.Is ErrNotWaiting) when the
+// It refuses with a *NotWaitingError (errors.Is events.ErrNotWaiting) when the
 // operation is not waiting, and with an *InvalidDecisionError (errors.Is
-// ErrInvalidDecision) for an unknown action, an empty approver, a note over
+// events.ErrInvalidDecision) for an unknown action, an empty approver, a note over
 // MaxNoteBytes, or compensate on a non-compensable effect or before any
 // attempt. An unknown key wraps store.ErrNotFound.
 //
 // With WithTools, the tool's approval rule applies: a principal refused by
-// not_requester gets ErrRequesterCannotDecide, the same approver's second
-// retry in the approval gate is invalid, and before a retry or an abandon of
-// an operation whose outcome is unknown the downstream is asked again; if it
-// shows the effect, Decide journals that (reconciliation.resolved, found)
-// instead of the decision and returns the completed record with
-// ErrEffectFound.
+// not_requester gets events.ErrRequesterCannotDecide, the same approver's
+// second retry in the approval gate is invalid, and before a retry or an
+// abandon of an operation whose outcome is unknown the downstream is asked
+// again; if it shows the effect, Decide journals that
+// (reconciliation.resolved, found) instead of the decision and returns the
+// completed record with events.ErrEffectFound.
 //
 // The decision is an append from the record it was checked against. If
 // anything else wrote first — a webhook that settled the operation, a late
 // success, another approver — the append conflicts, Decide reloads and
 // checks again, so two approvers clicking at once record one decision and
-// the other gets ErrNotWaiting.
+// the other gets events.ErrNotWaiting.
 func Decide(ctx context.Context, st *store.Store, key string, action events.Action, note, approver string, now time.Time, opts ...DecideOption) (events.Operation, error) {
 	o := decideOptions{topicPrefix: kafka.DefaultTopicPrefix}
 	for _, opt := range opts {
@@ -204,7 +217,7 @@ func Decide(ctx context.Context, st *store.Store, key string, action events.Acti
 				return op, retErr
 			}
 			metrics.RecordSettled(ctx, settled, next)
-			retErr = fmt.Errorf("%w: %s was not carried out on %s, which is now recorded completed", ErrEffectFound, action, key)
+			retErr = fmt.Errorf("%w: %s was not carried out on %s, which is now recorded completed", events.ErrEffectFound, action, key)
 			return next, retErr
 		}
 		d := &events.DecisionData{Action: action, Note: note, Approver: approver,

@@ -77,18 +77,18 @@ func TestDecide(t *testing.T) {
 		}
 		_, err := reconciler.Decide(t.Context(), e.st, done.Key, events.ActionRetry, "", "bob", now)
 		var nw *reconciler.NotWaitingError
-		if !errors.Is(err, reconciler.ErrNotWaiting) || !errors.As(err, &nw) || nw.Status != events.StatusCompleted {
-			t.Fatalf("decision on a completed operation: %v, want ErrNotWaiting (completed)", err)
+		if !errors.Is(err, events.ErrNotWaiting) || !errors.As(err, &nw) || nw.Status != events.StatusCompleted {
+			t.Fatalf("decision on a completed operation: %v, want events.ErrNotWaiting (completed)", err)
 		}
 
 		running := started(t, e.st, e.newIntent(t, "decide/running", charge, `{"amount":1}`), time.Now().Add(time.Minute))
-		if _, err := reconciler.Decide(t.Context(), e.st, running.Key, events.ActionAbandon, "", "alice", now); !errors.Is(err, reconciler.ErrNotWaiting) {
-			t.Fatalf("decision on a running operation: %v, want ErrNotWaiting", err)
+		if _, err := reconciler.Decide(t.Context(), e.st, running.Key, events.ActionAbandon, "", "alice", now); !errors.Is(err, events.ErrNotWaiting) {
+			t.Fatalf("decision on a running operation: %v, want events.ErrNotWaiting", err)
 		}
 
 		irreversible := escalatedOp(t, e, "decide/irreversible", charge)
-		if _, err := reconciler.Decide(t.Context(), e.st, irreversible.Key, events.ActionCompensate, "", "alice", now); !errors.Is(err, reconciler.ErrInvalidDecision) {
-			t.Fatalf("compensate on an irreversible effect: %v, want ErrInvalidDecision", err)
+		if _, err := reconciler.Decide(t.Context(), e.st, irreversible.Key, events.ActionCompensate, "", "alice", now); !errors.Is(err, events.ErrInvalidDecision) {
+			t.Fatalf("compensate on an irreversible effect: %v, want events.ErrInvalidDecision", err)
 		}
 
 		// A compensable tool that requires approval is escalated before its
@@ -96,14 +96,14 @@ func TestDecide(t *testing.T) {
 		gate := appendEvents(t, e.st, e.newIntent(t, "decide/gate", reserve, `{"amount":1}`),
 			spec{events.OperationEscalated, 0, &events.EscalationData{Reason: "approval_required",
 				Request: []byte(`{}`), ProposedAction: events.ActionRetry}})
-		if _, err := reconciler.Decide(t.Context(), e.st, gate.Key, events.ActionCompensate, "", "alice", now); !errors.Is(err, reconciler.ErrInvalidDecision) {
-			t.Fatalf("compensate before any attempt: %v, want ErrInvalidDecision", err)
+		if _, err := reconciler.Decide(t.Context(), e.st, gate.Key, events.ActionCompensate, "", "alice", now); !errors.Is(err, events.ErrInvalidDecision) {
+			t.Fatalf("compensate before any attempt: %v, want events.ErrInvalidDecision", err)
 		}
-		if _, err := reconciler.Decide(t.Context(), e.st, irreversible.Key, "undo", "", "alice", now); !errors.Is(err, reconciler.ErrInvalidDecision) {
-			t.Fatalf("unknown action: %v, want ErrInvalidDecision", err)
+		if _, err := reconciler.Decide(t.Context(), e.st, irreversible.Key, "undo", "", "alice", now); !errors.Is(err, events.ErrInvalidDecision) {
+			t.Fatalf("unknown action: %v, want events.ErrInvalidDecision", err)
 		}
-		if _, err := reconciler.Decide(t.Context(), e.st, irreversible.Key, events.ActionRetry, "", "", now); !errors.Is(err, reconciler.ErrInvalidDecision) {
-			t.Fatalf("no approver: %v, want ErrInvalidDecision", err)
+		if _, err := reconciler.Decide(t.Context(), e.st, irreversible.Key, events.ActionRetry, "", "", now); !errors.Is(err, events.ErrInvalidDecision) {
+			t.Fatalf("no approver: %v, want events.ErrInvalidDecision", err)
 		}
 		if _, err := reconciler.Decide(t.Context(), e.st, "decide/nope", events.ActionRetry, "", "alice", now); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("unknown key: %v, want store.ErrNotFound", err)
@@ -135,7 +135,7 @@ func TestDecide(t *testing.T) {
 			switch {
 			case err == nil:
 				ok++
-			case errors.Is(err, reconciler.ErrNotWaiting):
+			case errors.Is(err, events.ErrNotWaiting):
 				notWaiting++
 			default:
 				t.Fatal(err)

@@ -8,17 +8,6 @@ import (
 	"github.com/effectline/effectline/tool"
 )
 
-// anonymousSpec redacts by field name only, for an operation whose tool is
-// no longer registered: its schema's marks are gone, the names still tell.
-var anonymousSpec = &tool.Spec{}
-
-func redactor(spec *tool.Spec) *tool.Spec {
-	if spec == nil {
-		return anonymousSpec
-	}
-	return spec
-}
-
 // requestEvidence is the original request as the approval gate shows it
 // (DESIGN §4): what was asked, by whom, under which key — with the tool's
 // sensitive arguments redacted. Raw args never leave the event store's
@@ -33,7 +22,7 @@ func requestEvidence(op events.Operation, spec *tool.Spec) json.RawMessage {
 		DownstreamKey string             `json:"downstream_key,omitempty"`
 		Args          json.RawMessage    `json:"args"`
 	}{op.Key, op.Tool, op.EffectClass, op.Principal, op.Attempt, op.DownstreamKey,
-		redactor(spec).Redact(validJSON(op.Args))})
+		tool.Scrub(spec, validJSON(op.Args), validJSON(op.Args))})
 	return b
 }
 
@@ -66,7 +55,7 @@ func downstreamEvidence(op events.Operation, spec *tool.Spec, ans tool.Reconcili
 // leave the intent event, and an answer that echoes them must not carry
 // them into the record the API and the approval UI serve.
 func downstreamBody(op events.Operation, spec *tool.Spec, body []byte) json.RawMessage {
-	return redactor(spec).RedactEcho(validJSON(op.Args), validJSON(body))
+	return tool.Scrub(spec, validJSON(op.Args), validJSON(body))
 }
 
 // queryString matches the query of a URL quoted in an error message. A

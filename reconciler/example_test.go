@@ -24,11 +24,11 @@ func ExampleWebhooks_Handle() {
 		}
 		res, err := hooks.Handle(r.Context(), r.PathValue("source"), r.Header, body, time.Now())
 		switch {
-		case errors.Is(err, reconciler.ErrUnknownSource):
+		case errors.Is(err, events.ErrUnknownSource):
 			http.Error(w, "unknown source", http.StatusNotFound)
-		case errors.Is(err, reconciler.ErrBadSignature), errors.Is(err, reconciler.ErrStaleTimestamp):
+		case errors.Is(err, events.ErrBadSignature), errors.Is(err, events.ErrStaleTimestamp):
 			http.Error(w, "signature", http.StatusUnauthorized)
-		case errors.Is(err, reconciler.ErrInvalidPayload):
+		case errors.Is(err, events.ErrInvalidPayload):
 			http.Error(w, "payload", http.StatusBadRequest)
 		case err != nil:
 			http.Error(w, "try again", http.StatusInternalServerError) // rolled back: the retry is processed
@@ -52,9 +52,9 @@ func ExampleDecide() {
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			http.Error(w, "not found", http.StatusNotFound)
-		case errors.Is(err, reconciler.ErrNotWaiting):
+		case errors.Is(err, events.ErrNotWaiting):
 			http.Error(w, "not waiting for a decision", http.StatusConflict)
-		case errors.Is(err, reconciler.ErrInvalidDecision):
+		case errors.Is(err, events.ErrInvalidDecision):
 			http.Error(w, err.Error(), http.StatusBadRequest)
 		case err != nil:
 			http.Error(w, "try again", http.StatusInternalServerError)

@@ -3,23 +3,12 @@ package reconciler
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/tool"
-)
-
-var (
-	// ErrRequesterCannotDecide: the tool's approval rule (not_requester)
-	// refuses a decision by the principal that submitted the intent. HTTP 403.
-	ErrRequesterCannotDecide = errors.New("the principal that asked may not decide on its own operation")
-	// ErrEffectFound: asked again at decision time, the downstream shows the
-	// effect; the operation was recorded completed instead of carrying out
-	// a retry or an abandon. HTTP 409.
-	ErrEffectFound = errors.New("the downstream shows the effect")
 )
 
 // recheckTimeout bounds the decision-time ask: an approver is waiting.
@@ -50,7 +39,7 @@ func (o *decideOptions) gate(op events.Operation, action events.Action, approver
 		return nil
 	}
 	if a := t.Spec().Gate(); a != nil && a.NotRequester && approver == op.Principal {
-		return fmt.Errorf("%w: %s submitted %s, and tool %q wants another approver", ErrRequesterCannotDecide,
+		return fmt.Errorf("%w: %s submitted %s, and tool %q wants another approver", events.ErrRequesterCannotDecide,
 			approver, op.Key, op.Tool)
 	}
 	if esc := op.Escalation; action == events.ActionRetry && esc != nil && esc.Reason == events.ReasonApprovalRequired &&

@@ -202,17 +202,13 @@ func (r *Reconciler) expireLease(ctx context.Context, key string) (bool, error) 
 		a := store.Append{Base: op, Events: evs, Traceparent: kafka.TraceparentFrom(spanCtx), TopicPrefix: r.cfg.Kafka.TopicPrefix}
 		var next events.Operation
 		err = pgx.BeginFunc(ctx, r.store.Pool(), func(tx pgx.Tx) error {
-			var leaseUntil *time.Time
-			if err := tx.QueryRow(ctx, sqlLockLease, op.Key, op.Seq).Scan(&leaseUntil); err != nil {
-				if errors.Is(err, pgx.ErrNoRows) {
-					return &store.ConflictError{OperationKey: op.Key, ExpectedSeq: op.Seq}
-				}
+			leaseUntil, err := store.LockLeaseTx(ctx, tx, op.Key, op.Seq)
+			if err != nil {
 				return err
 			}
 			if leaseUntil == nil || !leaseUntil.Before(now) {
 				return errLeaseRenewed
 			}
-			var err error
 			next, err = store.AppendTx(ctx, tx, a)
 			return err
 		})

@@ -25,22 +25,6 @@ import (
 	"github.com/effectline/effectline/tool"
 )
 
-var (
-	// ErrUnknownSource: no registered tool by that name accepts callbacks
-	// (unknown, or it has no signing secret). HTTP 404.
-	ErrUnknownSource = errors.New("unknown webhook source")
-	// ErrBadSignature: the Standard Webhooks headers are missing or the
-	// signature does not match the body. HTTP 401.
-	ErrBadSignature = errors.New("webhook signature invalid")
-	// ErrStaleTimestamp: the signed timestamp is more than five minutes from
-	// now, so the delivery may be a replay. HTTP 401.
-	ErrStaleTimestamp = errors.New("webhook timestamp outside the tolerance")
-	// ErrInvalidPayload: the verified body is not a callback effectline
-	// understands (not JSON, no key). Nothing was recorded, so a corrected
-	// delivery is processed. HTTP 400.
-	ErrInvalidPayload = errors.New("invalid webhook payload")
-)
-
 // webhookTolerance is how far a signed timestamp may be from now: the
 // Standard Webhooks default (its Verify uses the same five minutes).
 const webhookTolerance = 5 * time.Minute
@@ -109,27 +93,6 @@ func NewWebhooks(st *store.Store, tools Tools, cfg WebhookConfig) (*Webhooks, er
 	return &Webhooks{cfg: cfg, store: st, tools: tools, log: cfg.Logger.With("component", "webhooks"), tel: tel}, nil
 }
 
-// WebhookResult says what a delivery did. Every result comes with a nil
-// error only after the transaction committed: the HTTP layer answers 2xx
-// exactly then.
-type WebhookResult struct {
-	// Duplicate: this webhook id was delivered before; nothing was done.
-	Duplicate bool
-	// OperationKey is the operation the callback named, when it exists.
-	OperationKey string
-	// Applied: the callback changed the operation (events were appended).
-	Applied bool
-	// Status is the operation's status after the callback, when it exists.
-	Status events.Status
-	// Ignored says why a delivery changed nothing ("unknown_operation",
-	// "already_completed", "not_pending", "superseded_key", ...).
-	Ignored string
-
-	// settled is the operation after an applied callback, for the
-	// end-to-end latency once the transaction has committed.
-	settled events.Operation
-}
-
 // callback is the body a tool posts (DESIGN §7). Fields beyond these are
 // allowed: a tool may send more than effectline reads.
 type callback struct {
@@ -142,9 +105,9 @@ type callback struct {
 // Handle verifies and applies one delivery to POST /v1/webhooks/{source}.
 //
 // Order of checks: the source must be a registered tool with a signing
-// secret (ErrUnknownSource); the Standard Webhooks signature must match the
-// body (ErrBadSignature); the signed timestamp must be within five minutes
-// of now (ErrStaleTimestamp). Then, in ONE transaction:
+// secret (events.ErrUnknownSource); the Standard Webhooks signature must match the
+// body (events.ErrBadSignature); the signed timestamp must be within five minutes
+// of now (events.ErrStaleTimestamp). Then, in ONE transaction:
 //
 //  1. the webhook id is inserted into webhook_deliveries first — a conflict
 //     means a duplicate delivery, answered with Duplicate and no effect;
@@ -160,32 +123,37 @@ type callback struct {
 // processed rather than swallowed as a duplicate. A callback for an
 // unknown operation is recorded and ignored (the sender must stop
 // retrying), and one for a completed operation changes nothing.
-func (w *Webhooks) Handle(ctx context.Context, source string, headers http.Header, body []byte, now time.Time) (WebhookResult, error) {
+func (w *Webhooks) Handle(ctx context.Context, source string, headers http.Header, body []byte, now time.Time) (events.WebhookResult, error) {
 	t, ok := w.tools.Get(source)
 	if !ok {
-		return WebhookResult{}, fmt.Errorf("%w: %q", ErrUnknownSource, source)
+		return events.WebhookResult{}, fmt.Errorf("%w: %q", events.ErrUnknownSource, source)
 	}
 	secret, ok := w.secret(source, t)
 	if !ok {
-		return WebhookResult{}, fmt.Errorf("%w: tool %q has no signing secret", ErrUnknownSource, source)
+		return events.WebhookResult{}, fmt.Errorf("%w: tool %q has no signing secret", events.ErrUnknownSource, source)
 	}
 	if len(body) > events.MaxEnvelopeBytes {
-		return WebhookResult{}, fmt.Errorf("%w: body over %d bytes", ErrInvalidPayload, events.MaxEnvelopeBytes)
+		return events.WebhookResult{}, fmt.Errorf("%w: body over %d bytes", events.ErrInvalidPayload, events.MaxEnvelopeBytes)
 	}
 	if err := verifySignature(secret, headers, body, now); err != nil {
 		w.count(ctx, source, "rejected")
-		return WebhookResult{}, err
+		return events.WebhookResult{}, err
 	}
 	id := headers.Get(standardwebhooks.HeaderWebhookID)
 	if len(id) > maxWebhookID {
-		return WebhookResult{}, fmt.Errorf("%w: webhook-id longer than %d bytes", ErrInvalidPayload, maxWebhookID)
+		return events.WebhookResult{}, fmt.Errorf("%w: webhook-id longer than %d bytes", events.ErrInvalidPayload, maxWebhookID)
 	}
 
 	ctx, span := w.tel.tracer.Start(ctx, "webhook", trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithAttributes(attrSource.String(source)))
-	var res WebhookResult
+	var (
+		res events.WebhookResult
+		// settled is the operation after an applied callback, for the
+		// end-to-end latency once the transaction has committed.
+		settled events.Operation
+	)
 	err := pgx.BeginFunc(ctx, w.store.Pool(), func(tx pgx.Tx) error {
-		res = WebhookResult{}
+		res = events.WebhookResult{}
 		tag, err := tx.Exec(ctx, sqlRecordDelivery, source, id, now.UTC())
 		if err != nil {
 			return fmt.Errorf("recording webhook %s/%s: %w", source, id, err)
@@ -194,13 +162,13 @@ func (w *Webhooks) Handle(ctx context.Context, source string, headers http.Heade
 			res.Duplicate = true
 			return nil
 		}
-		res, err = w.apply(ctx, tx, source, t, id, body, now)
+		res, err = w.apply(ctx, tx, source, t, id, body, now, &settled)
 		return err
 	})
 	endSpan(span, err)
 	if err != nil {
 		w.count(ctx, source, "error")
-		return WebhookResult{}, err
+		return events.WebhookResult{}, err
 	}
 	switch {
 	case res.Duplicate:
@@ -208,7 +176,7 @@ func (w *Webhooks) Handle(ctx context.Context, source string, headers http.Heade
 	case res.Applied:
 		w.store.NotifyAppended()
 		w.count(ctx, source, "applied")
-		metrics.RecordSettled(ctx, w.tel.e2e, res.settled)
+		metrics.RecordSettled(ctx, w.tel.e2e, settled)
 	default:
 		w.count(ctx, source, "ignored")
 	}
@@ -241,47 +209,48 @@ func verifySignature(secret string, h http.Header, body []byte, now time.Time) e
 		return errors.New("reconciler: the webhook signing secret is not whsec_ followed by base64")
 	}
 	if err := wh.VerifyIgnoringTimestamp(body, h); err != nil {
-		return fmt.Errorf("%w: %w", ErrBadSignature, err)
+		return fmt.Errorf("%w: %w", events.ErrBadSignature, err)
 	}
 	sec, err := strconv.ParseInt(h.Get(standardwebhooks.HeaderWebhookTimestamp), 10, 64)
 	if err != nil {
-		return fmt.Errorf("%w: unreadable webhook-timestamp", ErrBadSignature)
+		return fmt.Errorf("%w: unreadable webhook-timestamp", events.ErrBadSignature)
 	}
 	if d := now.Sub(time.Unix(sec, 0)); d > webhookTolerance || d < -webhookTolerance {
-		return fmt.Errorf("%w: signed %s from now", ErrStaleTimestamp, d.Round(time.Second))
+		return fmt.Errorf("%w: signed %s from now", events.ErrStaleTimestamp, d.Round(time.Second))
 	}
 	return nil
 }
 
-// apply is the business logic of one delivery, inside its transaction.
-func (w *Webhooks) apply(ctx context.Context, tx pgx.Tx, source string, t tool.Tool, id string, body []byte, now time.Time) (WebhookResult, error) {
+// apply is the business logic of one delivery, inside its transaction. An
+// applied callback leaves the record it produced in settled.
+func (w *Webhooks) apply(ctx context.Context, tx pgx.Tx, source string, t tool.Tool, id string, body []byte, now time.Time, settled *events.Operation) (events.WebhookResult, error) {
 	var cb callback
 	if err := json.Unmarshal(body, &cb); err != nil {
-		return WebhookResult{}, fmt.Errorf("%w: %v", ErrInvalidPayload, err)
+		return events.WebhookResult{}, fmt.Errorf("%w: %v", events.ErrInvalidPayload, err)
 	}
 	if cb.IdempotencyKey == "" && cb.DownstreamID == "" {
-		return WebhookResult{}, fmt.Errorf("%w: neither idempotency_key nor downstream_id", ErrInvalidPayload)
+		return events.WebhookResult{}, fmt.Errorf("%w: neither idempotency_key nor downstream_id", events.ErrInvalidPayload)
 	}
 	if len(cb.Result) > 0 && !json.Valid(cb.Result) {
-		return WebhookResult{}, fmt.Errorf("%w: result is not JSON", ErrInvalidPayload)
+		return events.WebhookResult{}, fmt.Errorf("%w: result is not JSON", events.ErrInvalidPayload)
 	}
 	logAttrs := []any{"source", source, "webhook_id", id, "callback_type", cb.Type}
 	if cb.Type != CallbackSucceeded && cb.Type != CallbackFailed {
 		// A type this version does not know: recorded, so the sender stops.
 		w.log.InfoContext(ctx, "webhook of an unknown type ignored", logAttrs...)
-		return WebhookResult{Ignored: "unknown_type"}, nil
+		return events.WebhookResult{Ignored: "unknown_type"}, nil
 	}
 
 	op, found, ignored, err := w.findLocked(ctx, tx, source, cb)
 	if err != nil {
-		return WebhookResult{}, err
+		return events.WebhookResult{}, err
 	}
 	if !found {
 		w.log.InfoContext(ctx, "webhook for no pending operation ignored",
 			append(logAttrs, "idempotency_key", cb.IdempotencyKey, "downstream_id", cb.DownstreamID, "why", ignored)...)
-		return WebhookResult{Ignored: ignored}, nil
+		return events.WebhookResult{Ignored: ignored}, nil
 	}
-	res := WebhookResult{OperationKey: op.Key, Status: op.Status}
+	res := events.WebhookResult{OperationKey: op.Key, Status: op.Status}
 	logAttrs = append(logAttrs, "operation_key", op.Key)
 
 	var specs []eventSpec
@@ -295,7 +264,7 @@ func (w *Webhooks) apply(ctx context.Context, tx pgx.Tx, source string, t tool.T
 			res.Ignored = "not_pending"
 		default:
 			specs = []eventSpec{{typ: events.ReconciliationResolved, data: &events.ReconciliationResolvedData{
-				Found: true, Result: cb.Result, DownstreamID: firstNonEmpty(cb.DownstreamID, op.DownstreamID),
+				Found: true, Result: downstreamBody(op, t.Spec(), cb.Result), DownstreamID: firstNonEmpty(cb.DownstreamID, op.DownstreamID),
 				Source: SourceWebhookPrefix + source,
 			}}}
 		}
@@ -323,9 +292,9 @@ func (w *Webhooks) apply(ctx context.Context, tx pgx.Tx, source string, t tool.T
 		return res, nil
 	}
 
-	var tp string
-	if err := tx.QueryRow(ctx, sqlTraceparentTx, op.Key).Scan(&tp); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return WebhookResult{}, fmt.Errorf("loading the trace context of %s: %w", op.Key, err)
+	tp, err := store.TraceparentTx(ctx, tx, op.Key)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return events.WebhookResult{}, err
 	}
 	// The resolution belongs to the operation's trace; the delivery's own
 	// span (the HTTP request's trace) is linked to it.
@@ -345,13 +314,13 @@ func (w *Webhooks) apply(ctx context.Context, tx pgx.Tx, source string, t tool.T
 			Base: op, Events: evs, Traceparent: kafka.TraceparentFrom(opCtx), TopicPrefix: w.cfg.TopicPrefix,
 		})
 		res.Status = next.Status
-		res.settled = next
+		*settled = next
 	}
 	endSpan(span, err)
 	if err != nil {
 		// The row is locked, so a conflict here is a bug, not a race; either
 		// way the transaction rolls back, the delivery id with it.
-		return WebhookResult{}, fmt.Errorf("applying webhook %s/%s to %s: %w", source, id, op.Key, err)
+		return events.WebhookResult{}, fmt.Errorf("applying webhook %s/%s to %s: %w", source, id, op.Key, err)
 	}
 	res.Applied = true
 	if esc != nil {
@@ -411,7 +380,7 @@ func (w *Webhooks) findLocked(ctx context.Context, tx pgx.Tx, source string, cb 
 		if m := compensatedKey.FindStringSubmatch(cb.IdempotencyKey); m != nil {
 			candidates = append(candidates, m[1])
 		}
-		keys, err := lockedKeys(ctx, tx, sqlLockByKey, candidates, source)
+		keys, err := store.LockToolKeysTx(ctx, tx, source, candidates)
 		if err != nil {
 			return events.Operation{}, false, "", err
 		}
@@ -429,7 +398,7 @@ func (w *Webhooks) findLocked(ctx context.Context, tx pgx.Tx, source string, cb 
 			return events.Operation{}, false, ignored, nil
 		}
 	}
-	keys, err := lockedKeys(ctx, tx, sqlLockByDownstreamID, source, cb.DownstreamID)
+	keys, err := store.LockByDownstreamIDTx(ctx, tx, source, cb.DownstreamID)
 	if err != nil {
 		return events.Operation{}, false, "", err
 	}
@@ -441,18 +410,6 @@ func (w *Webhooks) findLocked(ctx context.Context, tx pgx.Tx, source string, cb 
 		return op, err == nil, "", err
 	}
 	return events.Operation{}, false, "ambiguous_downstream_id", nil
-}
-
-func lockedKeys(ctx context.Context, tx pgx.Tx, sql string, args ...any) ([]string, error) {
-	rows, err := tx.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, fmt.Errorf("finding the operation of a webhook: %w", err)
-	}
-	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("finding the operation of a webhook: %w", err)
-	}
-	return keys, nil
 }
 
 func (w *Webhooks) count(ctx context.Context, source, result string) {

@@ -24,7 +24,7 @@ func newWebhooks(t *testing.T, e *env) *reconciler.Webhooks {
 }
 
 // deliver signs body as source would and hands it to Handle.
-func deliver(t *testing.T, e *env, w *reconciler.Webhooks, source, id string, body []byte) (reconciler.WebhookResult, error) {
+func deliver(t *testing.T, e *env, w *reconciler.Webhooks, source, id string, body []byte) (events.WebhookResult, error) {
 	t.Helper()
 	now := time.Now()
 	return w.Handle(t.Context(), source, signed(t, e.secrets[source], id, now, body), body, now)
@@ -54,13 +54,13 @@ func TestWebhookAuthentication(t *testing.T) {
 		headers http.Header
 		want    error
 	}{
-		{"forged signature", charge, signed(t, newSecret(t), "msg_forged", now, body), reconciler.ErrBadSignature},
-		{"another source's secret", charge, signed(t, e.secrets[reserve], "msg_cross", now, body), reconciler.ErrBadSignature},
-		{"no signature headers", charge, http.Header{}, reconciler.ErrBadSignature},
-		{"stale timestamp", charge, signed(t, e.secrets[charge], "msg_stale", now.Add(-10*time.Minute), body), reconciler.ErrStaleTimestamp},
-		{"timestamp from the future", charge, signed(t, e.secrets[charge], "msg_future", now.Add(10*time.Minute), body), reconciler.ErrStaleTimestamp},
-		{"unknown source", "payments.unknown", signed(t, e.secrets[charge], "msg_src", now, body), reconciler.ErrUnknownSource},
-		{"tool without a signing secret", status, signed(t, e.secrets[charge], "msg_nosecret", now, body), reconciler.ErrUnknownSource},
+		{"forged signature", charge, signed(t, newSecret(t), "msg_forged", now, body), events.ErrBadSignature},
+		{"another source's secret", charge, signed(t, e.secrets[reserve], "msg_cross", now, body), events.ErrBadSignature},
+		{"no signature headers", charge, http.Header{}, events.ErrBadSignature},
+		{"stale timestamp", charge, signed(t, e.secrets[charge], "msg_stale", now.Add(-10*time.Minute), body), events.ErrStaleTimestamp},
+		{"timestamp from the future", charge, signed(t, e.secrets[charge], "msg_future", now.Add(10*time.Minute), body), events.ErrStaleTimestamp},
+		{"unknown source", "payments.unknown", signed(t, e.secrets[charge], "msg_src", now, body), events.ErrUnknownSource},
+		{"tool without a signing secret", status, signed(t, e.secrets[charge], "msg_nosecret", now, body), events.ErrUnknownSource},
 	}
 	for _, tt := range tests {
 		res, err := w.Handle(t.Context(), tt.source, tt.headers, body, now)
@@ -70,8 +70,8 @@ func TestWebhookAuthentication(t *testing.T) {
 	}
 	// A tampered body under a genuine signature.
 	h := signed(t, e.secrets[charge], "msg_tampered", now, body)
-	if _, err := w.Handle(t.Context(), charge, h, callbackBody(reconciler.CallbackSucceeded, op.Key, "eff_evil"), now); !isErr(err, reconciler.ErrBadSignature) {
-		t.Fatalf("tampered body: %v, want ErrBadSignature", err)
+	if _, err := w.Handle(t.Context(), charge, h, callbackBody(reconciler.CallbackSucceeded, op.Key, "eff_evil"), now); !isErr(err, events.ErrBadSignature) {
+		t.Fatalf("tampered body: %v, want events.ErrBadSignature", err)
 	}
 	var n int
 	if err := e.st.Pool().QueryRow(t.Context(), `SELECT count(*) FROM webhook_deliveries`).Scan(&n); err != nil || n != 0 {
@@ -154,11 +154,11 @@ func TestWebhookResolves(t *testing.T) {
 	t.Run("failed business logic rolls back the delivery id", func(t *testing.T) {
 		op := started(t, e.st, e.newIntent(t, "wh-rollback", charge, `{"amount":1}`), time.Now().Add(time.Minute))
 		id := newWebhookID()
-		if _, err := deliver(t, e, w, charge, id, []byte(`{"type":"effect.succeeded","idempotency_key":`)); !isErr(err, reconciler.ErrInvalidPayload) {
-			t.Fatalf("broken body: %v, want ErrInvalidPayload", err)
+		if _, err := deliver(t, e, w, charge, id, []byte(`{"type":"effect.succeeded","idempotency_key":`)); !isErr(err, events.ErrInvalidPayload) {
+			t.Fatalf("broken body: %v, want events.ErrInvalidPayload", err)
 		}
-		if _, err := deliver(t, e, w, charge, id, []byte(`{"type":"effect.succeeded"}`)); !isErr(err, reconciler.ErrInvalidPayload) {
-			t.Fatalf("body without a key: %v, want ErrInvalidPayload", err)
+		if _, err := deliver(t, e, w, charge, id, []byte(`{"type":"effect.succeeded"}`)); !isErr(err, events.ErrInvalidPayload) {
+			t.Fatalf("body without a key: %v, want events.ErrInvalidPayload", err)
 		}
 		if deliveries(t, e, charge, id) != 0 {
 			t.Fatal("the delivery id survived the rollback of its business logic")
@@ -253,7 +253,7 @@ func TestWebhookResolves(t *testing.T) {
 	t.Run("concurrent deliveries", func(t *testing.T) {
 		op := started(t, e.st, e.newIntent(t, "wh-race", charge, `{"amount":1}`), time.Now().Add(time.Minute))
 		var wg sync.WaitGroup
-		results := make([]reconciler.WebhookResult, 4)
+		results := make([]events.WebhookResult, 4)
 		errs := make([]error, 4)
 		for i := range results {
 			wg.Add(1)

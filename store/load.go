@@ -2,8 +2,8 @@ package store
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/effectline/effectline/events"
 	"github.com/jackc/pgx/v5"
@@ -29,8 +29,8 @@ func loadWith(ctx context.Context, q querier, key string) (events.Operation, err
 	if err := q.QueryRow(ctx, `SELECT record FROM operations WHERE operation_key = $1`, key).Scan(&record); err != nil {
 		return events.Operation{}, fmt.Errorf("loading operation %s: %w", key, interpretError(err))
 	}
-	var op events.Operation
-	if err := json.Unmarshal(record, &op); err != nil {
+	op, err := events.UnmarshalOperation(record)
+	if err != nil {
 		return events.Operation{}, fmt.Errorf("loading operation %s: decoding the record: %w", key, err)
 	}
 	return op, nil
@@ -57,8 +57,8 @@ func loadMany(ctx context.Context, q querier, keys []string) (map[string]events.
 	}
 	ops := make(map[string]events.Operation, len(records))
 	for _, r := range records {
-		var op events.Operation
-		if err := json.Unmarshal(r, &op); err != nil {
+		op, err := events.UnmarshalOperation(r)
+		if err != nil {
 			return nil, fmt.Errorf("loading operations: decoding a record: %w", err)
 		}
 		ops[op.Key] = op
@@ -124,10 +124,42 @@ func (s *Store) Replay(ctx context.Context, key string) (events.Operation, error
 
 // Traceparent returns the trace context stored with an operation's intent.
 func (s *Store) Traceparent(ctx context.Context, key string) (string, error) {
+	return traceparent(ctx, s.pool, key)
+}
+
+// TraceparentTx is Traceparent inside the caller's transaction.
+func TraceparentTx(ctx context.Context, tx pgx.Tx, key string) (string, error) {
+	return traceparent(ctx, tx, key)
+}
+
+func traceparent(ctx context.Context, q querier, key string) (string, error) {
 	var tp string
-	err := s.pool.QueryRow(ctx, `SELECT traceparent FROM events WHERE operation_key = $1 AND seq = 1`, key).Scan(&tp)
+	err := q.QueryRow(ctx, `SELECT traceparent FROM events WHERE operation_key = $1 AND seq = 1`, key).Scan(&tp)
 	if err != nil {
 		return "", fmt.Errorf("loading the trace context of %s: %w", key, interpretError(err))
 	}
 	return tp, nil
+}
+
+// CompletedAt returns when each completed operation's head record was last
+// written: the moment its outcome was journaled. The load generator reads
+// it to tell the executor's share of the latency from the read model's.
+func (s *Store) CompletedAt(ctx context.Context) (map[string]time.Time, error) {
+	rows, err := s.pool.Query(ctx, `SELECT operation_key, updated_at FROM operations WHERE status = 'completed'`)
+	if err != nil {
+		return nil, fmt.Errorf("listing completed operations: %w", interpretError(err))
+	}
+	out := map[string]time.Time{}
+	var (
+		key string
+		at  time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&key, &at}, func() error {
+		out[key] = at
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing completed operations: %w", interpretError(err))
+	}
+	return out, nil
 }

@@ -21,6 +21,12 @@ var (
 	ErrNotFound = errors.New("operation not found")
 	// ErrConflict: another writer appended first; reload and decide again.
 	ErrConflict = errors.New("append conflict")
+	// ErrRejectedValue: PostgreSQL refused a value rather than failed: a
+	// data exception (SQLSTATE class 22, such as a \u0000 inside a JSON
+	// string, which jsonb cannot hold) or a program limit (class 54, such as
+	// a value too large for an index entry). The same write fails the same
+	// way every time, so retrying it is pointless.
+	ErrRejectedValue = errors.New("value rejected by the database")
 )
 
 // ConflictError says which append lost the race.
@@ -101,14 +107,28 @@ func Connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
+// InterpretError translates a driver error into the store's sentinels
+// (ErrNotFound, ErrConflict, ErrRejectedValue), keeping the driver's error
+// in the chain for logs; any other error is returned as it is. Components
+// that run statements on their own tables (the projector's read model) pass
+// their errors through it, so no package but this one inspects the driver's
+// error types.
+func InterpretError(err error) error { return interpretError(err) }
+
 // interpretError translates driver errors at the store boundary.
 func interpretError(err error) error {
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrNotFound
 	}
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	switch {
+	case pgErr.Code == "23505":
 		return fmt.Errorf("%w: %s", ErrConflict, pgErr.ConstraintName)
+	case len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "54"):
+		return fmt.Errorf("%w: %w", ErrRejectedValue, err)
 	}
 	return err
 }

@@ -16,13 +16,13 @@ const Redacted = "[redacted]"
 // schema says. It matches anywhere in the name (client_secret,
 // access_token), because over-redacting evidence costs a human a glance and
 // under-redacting leaks a credential into the approval UI and the logs.
-var sensitiveName = regexp.MustCompile(`(?i)password|secret|token|card_number|cvc|api_key`)
+var sensitiveName = regexp.MustCompile(`(?i)password|secret|token|card_number|cvc|cvv|api_key`)
 
 // Redact returns args with the values of sensitive fields replaced by
 // "[redacted]", for the approval gate's evidence and for anything else a
 // human reads (DESIGN §4, §8). A field is sensitive when its schema says
 // "writeOnly": true or "x-sensitive": true, or when its name looks like a
-// secret (password, secret, token, card_number, cvc, api_key), at any depth.
+// secret (password, secret, token, card_number, cvc, cvv, api_key), at any depth.
 // Args that are not JSON are replaced whole: what cannot be parsed cannot be
 // checked.
 func (s *Spec) Redact(args json.RawMessage) json.RawMessage {
@@ -90,6 +90,33 @@ func markedSensitive(schema any) bool {
 		}
 	}
 	return false
+}
+
+// anonymous redacts by field name only: the Spec of a tool that is not
+// registered (any more), whose schema's marks are unknown.
+var anonymous = &Spec{}
+
+// Scrub is effectline's one redaction: it returns v, a JSON document that
+// leaves the event store for a reader (the args themselves, a tool's result,
+// escalation evidence), with the values of sensitive fields replaced by
+// "[redacted]" and every sensitive value of args replaced wherever v echoes
+// it. Scrub(spec, args, args) is the args as they may be shown. spec may be
+// nil for a tool that is not registered: then only names mark a field
+// sensitive. It is idempotent, so a value scrubbed when it was journaled
+// and again when it is served comes out the same.
+//
+// A field is sensitive when its name looks like a secret (password,
+// secret, token, card_number, cvc, cvv, api_key, anywhere in the name and at any
+// depth) or when the tool's args_schema marks its property "writeOnly": true
+// or "x-sensitive": true.
+func Scrub(spec *Spec, args, v json.RawMessage) json.RawMessage {
+	if len(bytes.TrimSpace(v)) == 0 {
+		return v
+	}
+	if spec == nil {
+		spec = anonymous
+	}
+	return spec.RedactEcho(args, v)
 }
 
 // minEchoLen is the shortest sensitive value RedactEcho looks for: shorter

@@ -55,6 +55,9 @@ type Spec struct {
 	// Prepare so that validation does not recompile per call.
 	schema    *jsonschema.Schema
 	schemaDoc any
+	// pathArgs are the args the tool's URL templates print in a path (see
+	// checkPathArgs), set by the tools file's parser.
+	pathArgs [][]string
 }
 
 // Prepare checks the spec and compiles its ArgsSchema. Registry.Register and
@@ -114,6 +117,9 @@ func (s *Spec) ValidateArgs(args json.RawMessage) error {
 	args = bytes.TrimSpace(args)
 	if len(args) == 0 {
 		args = json.RawMessage("{}")
+	}
+	if field, err := checkPathArgs(s.pathArgs, args); err != nil {
+		return &ArgsError{Tool: s.Name, Field: field, Reason: err.Error()}
 	}
 	if s.schema == nil && len(s.ArgsSchema) == 0 && json.Valid(args) {
 		// No schema: only the shape is checked, without building the tree

@@ -473,6 +473,9 @@ func (p *fileParser) build(id string, e *toolEntry) *HTTPTool {
 		ArgsSchema:        schema,
 		Approval:          approval,
 	}
+	for _, u := range urls {
+		t.spec.pathArgs = append(t.spec.pathArgs, u.ut.pathArgs...)
+	}
 	if err := t.spec.Prepare(); err != nil {
 		p.fail(id, "", "invalid", err)
 		return nil

@@ -27,6 +27,9 @@ type urlTemplate struct {
 	hostTemplated bool
 	// host is the literal host (host[:port]) when it is not templated.
 	host string
+	// pathArgs are the args printed in the URL's path, each as its field
+	// path under .Args ({{.Args.order}} is ["order"]): see checkPathArgs.
+	pathArgs [][]string
 }
 
 // templateData is what URL templates see (DESIGN §6).
@@ -55,9 +58,7 @@ func parseURLTemplate(text string) (*urlTemplate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("not a valid template: %w", err)
 	}
-	autoEscape(tmpl.Tree)
-
-	ut := &urlTemplate{text: text, tmpl: tmpl}
+	ut := &urlTemplate{text: text, tmpl: tmpl, pathArgs: autoEscape(tmpl.Tree)}
 	scheme, rest, ok := strings.Cut(text, "://")
 	if !ok || strings.Contains(scheme, "{{") {
 		return nil, errors.New("must be an absolute http or https URL")
@@ -88,7 +89,7 @@ func parseURLTemplate(text string) (*urlTemplate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("not a valid template: %w", err)
 	}
-	autoEscape(check.Tree)
+	_ = autoEscape(check.Tree)
 	var buf bytes.Buffer
 	sample := templateData{Key: "key", OperationKey: "op", DownstreamID: "id", Args: map[string]any{}}
 	if err := check.Execute(&buf, sample); err != nil {
@@ -130,7 +131,9 @@ func (ut *urlTemplate) render(c Call) (*url.URL, error) {
 // a value, by its position in the URL. Text after a '?' or '#' is query (or
 // fragment) position; the walk follows the template's own order, so an
 // action inside {{if}} is escaped for where it lands.
-func autoEscape(tree *parse.Tree) {
+//
+// It returns the args printed in path position, for checkPathArgs.
+func autoEscape(tree *parse.Tree) (pathArgs [][]string) {
 	inQuery := false
 	var walk func(list *parse.ListNode)
 	walk = func(list *parse.ListNode) {
@@ -147,6 +150,11 @@ func autoEscape(tree *parse.Tree) {
 				if len(n.Pipe.Decl) > 0 {
 					continue // {{$x := ...}} prints nothing
 				}
+				if !inQuery {
+					if f := argsField(n); f != nil {
+						pathArgs = append(pathArgs, f)
+					}
+				}
 				escapeAction(tree, n, inQuery)
 			case *parse.IfNode:
 				walk(n.List)
@@ -161,6 +169,59 @@ func autoEscape(tree *parse.Tree) {
 		}
 	}
 	walk(tree.Root)
+	return pathArgs
+}
+
+// argsField returns the field path under .Args that an action prints
+// ({{.Args.order}}, {{.Args.order | pathescape}}), or nil.
+func argsField(n *parse.ActionNode) []string {
+	if len(n.Pipe.Cmds) == 0 || len(n.Pipe.Cmds[0].Args) == 0 {
+		return nil
+	}
+	f, ok := n.Pipe.Cmds[0].Args[0].(*parse.FieldNode)
+	if !ok || len(f.Ident) < 2 || f.Ident[0] != "Args" {
+		return nil
+	}
+	return f.Ident[1:]
+}
+
+// checkPathArgs refuses args that would render a path segment of their
+// own as "", "." or "..": /orders/{{.Args.order}} with order ".." is
+// /orders/.., which a receiver that normalizes paths serves as the parent
+// collection. path escaping leaves dots alone, and an empty value leaves an
+// empty segment, so the values themselves are refused, at intake, before
+// any request is built. It returns the JSON pointer of the offending arg.
+func checkPathArgs(pathArgs [][]string, args json.RawMessage) (field string, err error) {
+	if len(pathArgs) == 0 {
+		return "", nil
+	}
+	var doc map[string]any
+	dec := json.NewDecoder(bytes.NewReader(args))
+	dec.UseNumber()
+	if dec.Decode(&doc) != nil {
+		return "", nil // not an object: the shape check says so
+	}
+	for _, p := range pathArgs {
+		var v any = doc
+		for _, name := range p {
+			m, ok := v.(map[string]any)
+			if !ok {
+				v = nil
+				break
+			}
+			if v, ok = m[name]; !ok {
+				break
+			}
+		}
+		if v == nil {
+			continue // absent: rendering refuses it (missingkey=error)
+		}
+		switch fmt.Sprint(v) {
+		case "", ".", "..":
+			return "/" + strings.Join(p, "/"), errors.New(`is rendered into a URL path segment, which must not be empty, "." or ".."`)
+		}
+	}
+	return "", nil
 }
 
 func escapeAction(tree *parse.Tree, n *parse.ActionNode, inQuery bool) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -144,6 +145,17 @@ func newApp(ctx context.Context, o appOptions) (*app, error) {
 	return a, nil
 }
 
+// redactArgs redacts an intent's args for the outcomes topic with the
+// tool's own marks; a tool this process does not know (a relay run without
+// EFFECTLINE_TOOLS) is redacted by field names only.
+func (a *app) redactArgs(name string, args json.RawMessage) json.RawMessage {
+	var spec *tool.Spec
+	if t, ok := a.tools.Get(name); ok && t != nil {
+		spec = t.Spec()
+	}
+	return tool.Scrub(spec, args, args)
+}
+
 func needsTools(components []string) bool {
 	for _, c := range components {
 		if c == componentExecutor || c == componentReconciler || c == componentAPI {
@@ -182,7 +194,8 @@ func (a *app) build(names []string) ([]component, error) {
 			if err != nil {
 				return nil, err
 			}
-			relay := outbox.NewRelay(a.store, producer, outbox.RelayConfig{Logger: a.log, TracerProvider: tp, MeterProvider: mp})
+			relay := outbox.NewRelay(a.store, producer, outbox.RelayConfig{Logger: a.log, TracerProvider: tp, MeterProvider: mp,
+				IntentsTopic: a.kafka.Topic(events.TopicIntents), RedactArgs: a.redactArgs})
 			out = append(out, component{name, func(ctx context.Context) error {
 				defer producer.Close()
 				return relay.Run(ctx)
@@ -258,7 +271,6 @@ func (a *app) buildAPI() (*api.Server, error) {
 		return nil, err
 	}
 	approvers := a.cfg.Approvers
-	reader := projector.NewReader(a.pool)
 	webhooks, err := reconciler.NewWebhooks(a.store, a.tools, reconciler.WebhookConfig{
 		TopicPrefix: a.kafka.TopicPrefix, Logger: a.log,
 		TracerProvider: a.tel.TracerProvider(), MeterProvider: a.tel.MeterProvider(),
@@ -267,7 +279,7 @@ func (a *app) buildAPI() (*api.Server, error) {
 		return nil, err
 	}
 	srv, err := api.New(api.Config{
-		Addr: a.cfg.HTTPAddr, Tokens: tokens, Approvers: approvers,
+		Addr: a.cfg.HTTPAddr, Tokens: tokens, Approvers: approvers, Readers: a.cfg.Readers,
 		Open: a.open || (a.cfg.InsecureOpen && len(tokens) == 0), TopicPrefix: a.kafka.TopicPrefix,
 		Logger: a.log, TracerProvider: a.tel.TracerProvider(), MeterProvider: a.tel.MeterProvider(),
 		// /readyz answers 503 during the delay, so traffic drains first.
@@ -275,12 +287,14 @@ func (a *app) buildAPI() (*api.Server, error) {
 	}, api.Deps{
 		Store:      a.store,
 		Committer:  a.committer,
-		Tools:      api.RegistryTools(a.tools),
-		Operations: operationsFrom(reader),
+		Tools:      a.tools,
+		Operations: projector.NewReader(a.pool),
 		Metrics:    a.tel.MetricsHandler(),
-		Decider: decider{store: a.store, prefix: a.kafka.TopicPrefix, tools: a.tools,
-			tp: a.tel.TracerProvider(), mp: a.tel.MeterProvider()},
-		Webhooks: webhookAdapter{w: webhooks},
+		// With the tools, decisions apply the tools' approval rules and ask
+		// the downstream again before a retry or an abandon.
+		Decider: reconciler.NewDecider(a.store, reconciler.WithTopicPrefix(a.kafka.TopicPrefix),
+			reconciler.WithTelemetry(a.tel.TracerProvider(), a.tel.MeterProvider()), reconciler.WithTools(a.tools)),
+		Webhooks: webhooks,
 	})
 	if err != nil {
 		return nil, err
@@ -395,6 +409,17 @@ func runComponents(ctx context.Context, args []string, getenv func(string) strin
 	}
 	if contains(names, componentAPI) && cfg.APITokens == "" && !cfg.InsecureOpen {
 		return api.ErrNoTokens
+	}
+	if contains(names, componentAPI) {
+		// Weak credentials are refused before anything connects, with a
+		// message naming the principal (never the token).
+		tokens, err := api.ParseTokens(cfg.APITokens)
+		if err != nil {
+			return err
+		}
+		if err := (api.Config{Tokens: tokens, Approvers: cfg.Approvers, Open: cfg.InsecureOpen && len(tokens) == 0}).CheckCredentials(); err != nil {
+			return err
+		}
 	}
 	a, err := newApp(ctx, appOptions{cfg: cfg, stdout: stdout, getenv: getenv, components: names, service: "effectline",
 		apiDrain: min(apiShutdownDelay, cfg.ShutdownGrace)})

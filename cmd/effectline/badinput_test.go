@@ -152,6 +152,18 @@ func TestBadInputStartup(t *testing.T) {
 			args:  []string{"run", "--components", "api"},
 			wants: []string{"refusing to start an API without EFFECTLINE_API_TOKENS", "--insecure-open"},
 		},
+		{
+			name:  "run --components api with a one-character token",
+			args:  []string{"run", "--components", "api"},
+			env:   map[string]string{envAPITokens: "ops=Z", envApprovers: "ops"},
+			wants: []string{"the token of ops is 1 characters; at least 16 are required"},
+		},
+		{
+			name:  "run --components api with an approver without a token",
+			args:  []string{"run", "--components", "api"},
+			env:   map[string]string{envAPITokens: "billing-agent=tok-billing-0123456789", envApprovers: "alice"},
+			wants: []string{"EFFECTLINE_APPROVERS names alice, who has no token in EFFECTLINE_API_TOKENS"},
+		},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/outbox"
+	"github.com/effectline/effectline/projector"
 	"github.com/effectline/effectline/tool"
 )
 
@@ -179,7 +180,8 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	cpuProcess, cpuMachine := sampleCPU().perOp(cpuBefore, bc.n)
 
 	// Latency: from each intent's commit to its terminal row's projection.
-	rows, err := a.pool.Query(ctx, `SELECT operation_key, projected_at, status FROM operation_state`)
+	reader := projector.NewReader(a.pool)
+	projected, err := reader.ProjectedAt(ctx, events.StatusCompleted)
 	if err != nil {
 		return err
 	}
@@ -190,14 +192,9 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	var lat []time.Duration
 	var last time.Time
 	completed := 0
-	for rows.Next() {
-		var key, status string
-		var at time.Time
-		if err := rows.Scan(&key, &at, &status); err != nil {
-			return err
-		}
+	for key, at := range projected {
 		i, ok := index[key]
-		if !ok || status != string(events.StatusCompleted) || committed[i].IsZero() {
+		if !ok || committed[i].IsZero() {
 			continue
 		}
 		completed++
@@ -206,28 +203,17 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 			last = at
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
 	// The same latency to the write side (the outcome journaled), which
 	// tells the executor's share from the relay's and the projector's.
-	wrows, err := a.pool.Query(ctx, `SELECT operation_key, updated_at FROM operations WHERE status = 'completed'`)
+	journaled, err := a.store.CompletedAt(ctx)
 	if err != nil {
 		return err
 	}
 	var wlat []time.Duration
-	for wrows.Next() {
-		var key string
-		var at time.Time
-		if err := wrows.Scan(&key, &at); err != nil {
-			return err
-		}
+	for key, at := range journaled {
 		if i, ok := index[key]; ok && !committed[i].IsZero() {
 			wlat = append(wlat, at.Sub(committed[i]))
 		}
-	}
-	if err := wrows.Err(); err != nil {
-		return err
 	}
 	slices.Sort(wlat)
 	if len(wlat) > 0 {
@@ -291,6 +277,7 @@ func (bc benchConfig) runUntilDone(ctx, runCtx context.Context, a *app, key func
 	start := time.Now()
 	loadErr := make(chan error, 1)
 	go func() { loadErr <- bc.load(runCtx, a, key, committed, commits) }()
+	reader := projector.NewReader(a.pool)
 	var finished int
 	deadline := time.Now().Add(bc.timeout)
 	tick := time.NewTicker(200 * time.Millisecond)
@@ -305,9 +292,11 @@ func (bc benchConfig) runUntilDone(ctx, runCtx context.Context, a *app, key func
 			}
 		case <-tick.C:
 		}
-		if err := a.pool.QueryRow(ctx, `SELECT count(*) FROM operation_state WHERE status IN ('completed','failed','compensated')`).Scan(&finished); err != nil {
+		n, err := reader.CountTerminal(ctx)
+		if err != nil {
 			return err
 		}
+		finished = n
 		progress(progressTo, finished-done, bc.n, time.Since(start))
 	}
 	fmt.Fprintln(progressTo)

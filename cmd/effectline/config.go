@@ -19,6 +19,7 @@ const (
 	envHTTPAddr         = "EFFECTLINE_HTTP_ADDR"
 	envAPITokens        = "EFFECTLINE_API_TOKENS"
 	envApprovers        = "EFFECTLINE_APPROVERS"
+	envReaders          = "EFFECTLINE_READERS"
 	envTopicPrefix      = "EFFECTLINE_TOPIC_PREFIX"
 	envKafkaPartitions  = "EFFECTLINE_KAFKA_PARTITIONS"
 	envKafkaReplication = "EFFECTLINE_KAFKA_REPLICATION"
@@ -40,7 +41,7 @@ const (
 // test that checks docker-compose.kafka.yml and the Kubernetes manifests
 // against it. Standard OTEL_* variables are read by the OpenTelemetry SDK.
 var EnvVars = []string{
-	envDatabaseURL, envKafkaBrokers, envTools, envHTTPAddr, envAPITokens, envApprovers,
+	envDatabaseURL, envKafkaBrokers, envTools, envHTTPAddr, envAPITokens, envApprovers, envReaders,
 	envTopicPrefix, envKafkaPartitions, envKafkaReplication, envLogLevel, envShutdownGrace,
 	envInsecureOpenAPI, envExecutorLease, envSweepInterval, envCommitWindow,
 	ops.EnvAPIURL, ops.EnvAPIToken, // read by `effectline ops`, the API's client
@@ -67,9 +68,11 @@ type config struct {
 	// HTTPAddrSet says EFFECTLINE_HTTP_ADDR was given: a process without
 	// the API serves its health endpoints only then, so several such
 	// processes on one host do not fight over the default port.
-	HTTPAddrSet   bool
-	APITokens     string
-	Approvers     []string
+	HTTPAddrSet bool
+	APITokens   string
+	Approvers   []string
+	// Readers read every operation without the approver role.
+	Readers       []string
 	TopicPrefix   string
 	Partitions    int32
 	Replication   int16
@@ -103,6 +106,7 @@ func configFromEnv(getenv func(string) string) (config, error) {
 	}
 	c.KafkaBrokers = splitList(getenv(envKafkaBrokers))
 	c.Approvers = splitList(getenv(envApprovers))
+	c.Readers = splitList(getenv(envReaders))
 	var errs []error
 	if v := getenv(envKafkaPartitions); v != "" {
 		n, err := strconv.ParseInt(v, 10, 32)

@@ -724,7 +724,7 @@ func TestLogsNeverContainSecrets(t *testing.T) {
 		card      = "4242424242424242"
 		cvc       = "cvc_SECRET789"
 		apiKey    = "sk_live_SECRET123"
-		token     = "tok_SECRET456"
+		token     = "tok_SECRET456_0123"
 		wrongTok  = "tok_WRONG_SECRET777"
 		longCard  = "4242424242424242SECRETX" // over maxLength: refused
 		principal = "agent"

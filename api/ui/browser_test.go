@@ -1,4 +1,4 @@
-package api
+package ui_test
 
 import (
 	"bytes"
@@ -15,6 +15,8 @@ import (
 	"github.com/chromedp/cdproto/css"
 	"github.com/chromedp/chromedp"
 
+	"github.com/effectline/effectline/api"
+	"github.com/effectline/effectline/api/ui"
 	"github.com/effectline/effectline/events"
 )
 
@@ -32,9 +34,9 @@ import (
 func TestUIInBrowser(t *testing.T) {
 	chromium := findChromium(t)
 
-	var cfg Config
-	var deps Deps
-	f, _ := setupApproval(t, func(c *Config, d *Deps) { cfg, deps = *c, *d })
+	var cfg api.Config
+	var deps api.Deps
+	f, _ := setupApproval(t, func(c *api.Config, d *api.Deps) { cfg, deps = *c, *d })
 	const key = "order-9/charge"
 	escalated(t, f.store, key, "payments.charge", events.Irreversible, secretArgs)
 
@@ -147,7 +149,7 @@ func TestUIInBrowser(t *testing.T) {
 	if res.Status != http.StatusOK {
 		t.Fatalf("the decision's page answered %d", res.Status)
 	}
-	if loc := location(); loc != base+uiOperationHref(key) {
+	if loc := location(); loc != base+ui.OperationHref(key) {
 		t.Fatalf("after the decision the browser is at %s", loc)
 	}
 	status, err := chromedp.Run(browserCtx, chromedp.Text(chromedp.CSS(`.status`)))
@@ -193,10 +195,10 @@ func findChromium(t *testing.T) string {
 
 // startServer runs a server with cfg and deps on a free port of 127.0.0.1,
 // with Run as in production, and returns its base URL.
-func startServer(t *testing.T, cfg Config, deps Deps) string {
+func startServer(t *testing.T, cfg api.Config, deps api.Deps) string {
 	t.Helper()
 	cfg.Addr = "127.0.0.1:0"
-	srv, err := New(cfg, deps)
+	srv, err := api.New(cfg, deps)
 	if err != nil {
 		t.Fatal(err)
 	}

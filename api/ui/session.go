@@ -1,10 +1,9 @@
-package api
+package ui
 
 import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/base64"
 	"net/http"
 	"strings"
@@ -22,7 +21,7 @@ import (
 // header, so a browser that holds the cookie still cannot be made to call
 // the API on its user's behalf.
 //
-// In open mode everyone is DevPrincipal and the cookie holds a random
+// In open mode everyone is Config.DevPrincipal and the cookie holds a random
 // value instead, issued on the first page: it exists only to anchor the
 // CSRF token, since a dev server on localhost is exactly what a malicious
 // page would post forms to.
@@ -76,20 +75,20 @@ type uiSession struct {
 // the user to sign in. In open mode a session always exists, and issue says
 // whether to give the browser its cookie now (on page views: a form is
 // about to be rendered).
-func (s *Server) session(w http.ResponseWriter, r *http.Request, issue bool) (uiSession, bool) {
+func (s *UI) session(w http.ResponseWriter, r *http.Request, issue bool) (uiSession, bool) {
 	var value string
 	if c, err := r.Cookie(uiSessionCookie); err == nil {
 		value = c.Value
 	}
 	if token, err := base64.RawURLEncoding.DecodeString(value); err == nil && len(token) > 0 {
-		if p, ok := s.auth.tokenPrincipal(string(token)); ok {
-			return uiSession{Principal: p.name, Approver: p.approver, LoggedIn: true, CSRF: csrfToken(value)}, true
+		if name, approver, ok := s.server.TokenPrincipal(string(token)); ok {
+			return uiSession{Principal: name, Approver: approver, LoggedIn: true, CSRF: csrfToken(value)}, true
 		}
 	}
 	if !s.cfg.Open {
 		return uiSession{}, false
 	}
-	sess := uiSession{Principal: DevPrincipal, Approver: true}
+	sess := uiSession{Principal: s.cfg.DevPrincipal, Approver: true}
 	if value == "" && issue {
 		value = rand.Text()
 		setSessionCookie(w, r, value)
@@ -110,24 +109,6 @@ func csrfToken(cookieValue string) string {
 	m := hmac.New(sha256.New, []byte(cookieValue))
 	m.Write([]byte(csrfLabel))
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
-}
-
-// tokenPrincipal returns the principal a token authenticates, comparing in
-// constant time like authenticate does for the Authorization header. Unlike
-// authenticate, it never falls back to open mode's DevPrincipal: a wrong
-// token is wrong even on an open server.
-func (a *authenticator) tokenPrincipal(token string) (principal, bool) {
-	digest := sha256.Sum256([]byte(token))
-	var found string
-	for _, e := range a.tokens {
-		if subtle.ConstantTimeCompare(digest[:], e.digest[:]) == 1 {
-			found = e.principal
-		}
-	}
-	if found == "" {
-		return principal{}, false
-	}
-	return principal{name: found, approver: a.approvers[found]}, true
 }
 
 // secureRequest reports whether the browser reached the server over TLS,

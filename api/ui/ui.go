@@ -1,4 +1,4 @@
-package api
+package ui
 
 import (
 	"bytes"
@@ -23,25 +23,14 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/tool"
 )
 
-// The approval UI (DESIGN §4, the approval gate): server-rendered pages
-// under /ui/, no JavaScript and no front-end build. The queue lists the
-// operations waiting for a decision; an operation's page shows its
-// evidence (the request with secrets redacted, what the downstream showed,
-// the proposed action) and its history; a decision is a plain form post
-// to the same Decider as the JSON API, answered with a redirect (303) back
-// to the operation and a one-time message.
-//
-// The routes are Public to the bearer-token guard: the UI authenticates
-// with its own cookie session (ui_session.go) and refuses, or sends to the
-// sign-in page, whoever has none.
-
-//go:embed ui/templates/*.html ui/static/*
+//go:embed templates/*.html static/*
 var uiFiles embed.FS
 
 var (
-	uiStatic = mustSub(uiFiles, "ui/static")
+	uiStatic = mustSub(uiFiles, "static")
 	// uiCSSURL carries a digest of the stylesheet, so a new release's
 	// styles are fetched at once while the old ones may be cached.
 	uiCSSURL = "/ui/static/style.css?v=" + fileDigest(uiStatic, "style.css")
@@ -56,7 +45,7 @@ var (
 // failure here is a build mistake, found by any test: panicking at start
 // is the wiring-mistake case STYLE allows.
 func parseUIPage(name string) *template.Template {
-	return template.Must(template.New(name).ParseFS(uiFiles, "ui/templates/layout.html", "ui/templates/"+name))
+	return template.Must(template.New(name).ParseFS(uiFiles, "templates/layout.html", "templates/"+name))
 }
 
 func mustSub(fsys fs.FS, dir string) fs.FS {
@@ -85,16 +74,28 @@ const (
 	uiMaxJSONBytes = 32 << 10
 )
 
-func (s *Server) uiRoutes() {
+// Route is one route of the UI: a net/http.ServeMux pattern with its
+// method, and its handler.
+type Route struct {
+	Pattern string
+	Handler http.HandlerFunc
+}
+
+// Routes returns the UI's routes, for the server that mounts it. They must
+// be mounted public to the bearer-token guard: the UI authenticates with its
+// own cookie session (session.go).
+func (s *UI) Routes() []Route {
 	// "GET /ui/" matches every GET under /ui/ no other pattern takes: the
 	// handler serves the queue at /ui/ itself and a 404 page elsewhere.
-	s.HandleFunc("GET /ui/", s.uiQueue, Public)
-	s.HandleFunc("GET /ui/operations/{key}", s.uiOperation, Public)
-	s.HandleFunc("POST /ui/operations/{key}/decisions", s.uiDecide, Public)
-	s.HandleFunc("GET /ui/login", s.uiLoginForm, Public)
-	s.HandleFunc("POST /ui/login", s.uiLogin, Public)
-	s.HandleFunc("POST /ui/logout", s.uiLogout, Public)
-	s.HandleFunc("GET /ui/static/{name}", s.uiStaticFile, Public)
+	return []Route{
+		{"GET /ui/", s.uiQueue},
+		{"GET /ui/operations/{key}", s.uiOperation},
+		{"POST /ui/operations/{key}/decisions", s.uiDecide},
+		{"GET /ui/login", s.uiLoginForm},
+		{"POST /ui/login", s.uiLogin},
+		{"POST /ui/logout", s.uiLogout},
+		{"GET /ui/static/{name}", s.uiStaticFile},
+	}
 }
 
 // uiPage is what every page's layout renders; Data is the page's own.
@@ -110,8 +111,8 @@ type uiPage struct {
 
 // render executes a page into memory first, so a template failure is a
 // clean 500 rather than half a page.
-func (s *Server) render(w http.ResponseWriter, r *http.Request, status int, t *template.Template, p uiPage) {
-	p.Open, p.DevPrincipal, p.CSS = s.cfg.Open, DevPrincipal, uiCSSURL
+func (s *UI) render(w http.ResponseWriter, r *http.Request, status int, t *template.Template, p uiPage) {
+	p.Open, p.DevPrincipal, p.CSS = s.cfg.Open, s.cfg.DevPrincipal, uiCSSURL
 	var buf bytes.Buffer
 	if err := t.ExecuteTemplate(&buf, "layout", p); err != nil {
 		s.log.ErrorContext(r.Context(), "rendering a ui page failed", slog.String("page", t.Name()), slog.Any("error", err))
@@ -133,7 +134,7 @@ type uiMessage struct {
 	Text    string
 }
 
-func (s *Server) renderMessage(w http.ResponseWriter, r *http.Request, status int, sess uiSession, heading, text string) {
+func (s *UI) renderMessage(w http.ResponseWriter, r *http.Request, status int, sess uiSession, heading, text string) {
 	s.render(w, r, status, uiMessagePage, uiPage{Title: heading, Session: sess,
 		Data: uiMessage{Heading: heading, Text: text}})
 }
@@ -148,19 +149,19 @@ func redirect(w http.ResponseWriter, r *http.Request, target string) {
 
 // viewer returns the session of a page view, or sends the browser to the
 // sign-in page and returns false.
-func (s *Server) viewer(w http.ResponseWriter, r *http.Request) (uiSession, bool) {
+func (s *UI) viewer(w http.ResponseWriter, r *http.Request) (uiSession, bool) {
 	sess, ok := s.session(w, r, true)
 	if !ok {
 		redirect(w, r, "/ui/login?next="+url.QueryEscape(r.URL.RequestURI()))
 		return uiSession{}, false
 	}
-	setSpanPrincipal(r.Context(), sess.Principal)
+	s.server.SetSpanPrincipal(r.Context(), sess.Principal)
 	return sess, true
 }
 
 // parseUIForm reads a form post's body within uiFormMaxBytes, answering the
 // request itself when it cannot.
-func (s *Server) parseUIForm(w http.ResponseWriter, r *http.Request) bool {
+func (s *UI) parseUIForm(w http.ResponseWriter, r *http.Request) bool {
 	r.Body = http.MaxBytesReader(w, r.Body, uiFormMaxBytes)
 	if err := r.ParseForm(); err != nil {
 		var tooLarge *http.MaxBytesError
@@ -176,7 +177,7 @@ func (s *Server) parseUIForm(w http.ResponseWriter, r *http.Request) bool {
 
 // formPoster returns the session of a form post that passed the cross-origin
 // and CSRF checks, or answers the request and returns false.
-func (s *Server) formPoster(w http.ResponseWriter, r *http.Request) (uiSession, bool) {
+func (s *UI) formPoster(w http.ResponseWriter, r *http.Request) (uiSession, bool) {
 	if err := uiCrossOrigin.Check(r); err != nil {
 		s.renderMessage(w, r, http.StatusForbidden, uiSession{}, "Refused", "The form was sent from another site.")
 		return uiSession{}, false
@@ -189,7 +190,7 @@ func (s *Server) formPoster(w http.ResponseWriter, r *http.Request) (uiSession, 
 		redirect(w, r, "/ui/login")
 		return uiSession{}, false
 	}
-	setSpanPrincipal(r.Context(), sess.Principal)
+	s.server.SetSpanPrincipal(r.Context(), sess.Principal)
 	if !sess.checkCSRF(r) {
 		s.renderMessage(w, r, http.StatusForbidden, sess, "Refused",
 			"The form has expired or did not come from this server's page. Go back, reload the page and try again.")
@@ -233,7 +234,7 @@ type uiButton struct {
 // event store by a moment, so an operation decided a moment ago can still
 // be listed; its own page (read from the event store) and the Decider's
 // refusal say so.
-func (s *Server) uiQueue(w http.ResponseWriter, r *http.Request) {
+func (s *UI) uiQueue(w http.ResponseWriter, r *http.Request) {
 	sess, ok := s.viewer(w, r)
 	if !ok {
 		return
@@ -244,8 +245,12 @@ func (s *Server) uiQueue(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	var q uiQueueView
+	scope, ok := s.server.ListScope(sess.Principal, sess.Approver)
 	for _, st := range []events.Status{events.StatusEscalated, events.StatusNeedsReconciliation} {
-		page, err := s.operations.List(ctx, ListFilter{Status: st, Limit: uiQueueLimit})
+		if !ok {
+			break
+		}
+		page, err := s.operations.List(ctx, events.ListFilter{Status: st, Principal: scope, Limit: uiQueueLimit})
 		if err != nil {
 			s.uiFailure(w, r, sess, "listing the operations waiting for a decision", "", err)
 			return
@@ -260,7 +265,7 @@ func (s *Server) uiQueue(w http.ResponseWriter, r *http.Request) {
 		Flash: takeFlash(w, r), Data: q})
 }
 
-func (s *Server) queueItem(op events.Operation, sess uiSession) uiItem {
+func (s *UI) queueItem(op events.Operation, sess uiSession) uiItem {
 	it := uiItem{
 		Key: op.Key, Href: uiOperationHref(op.Key), Tool: op.Tool, EffectClass: string(op.EffectClass),
 		Status: string(op.Status), Attempt: op.Attempt, Since: since(op.UpdatedAt), updated: op.UpdatedAt,
@@ -307,19 +312,19 @@ type uiEvent struct {
 
 // uiOperation shows one operation from the event store (the write side),
 // so the page right after a decision shows what the decision did.
-func (s *Server) uiOperation(w http.ResponseWriter, r *http.Request) {
+func (s *UI) uiOperation(w http.ResponseWriter, r *http.Request) {
 	sess, ok := s.viewer(w, r)
 	if !ok {
 		return
 	}
 	ctx := r.Context()
 	key := r.PathValue("key")
-	if checkOperationKey(key) != "" {
+	if s.server.CheckOperationKey(key) != "" {
 		s.renderMessage(w, r, http.StatusNotFound, sess, "Not found", "There is no operation with this key.")
 		return
 	}
 	op, err := s.store.Load(ctx, key)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, store.ErrNotFound) || err == nil && !s.server.MayRead(sess.Principal, sess.Approver, op) {
 		s.renderMessage(w, r, http.StatusNotFound, sess, "Not found", "There is no operation with this key.")
 		return
 	}
@@ -333,6 +338,8 @@ func (s *Server) uiOperation(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	t, _ := s.tools.Get(op.Tool)
+	args := op.Args
+	op = s.server.RedactOperation(op, t)
 	v := uiOperationView{
 		Key: op.Key, Tool: op.Tool, EffectClass: string(op.EffectClass), Status: string(op.Status),
 		Phase: string(op.Phase), Principal: op.Principal, DownstreamKey: op.DownstreamKey,
@@ -340,10 +347,9 @@ func (s *Server) uiOperation(w http.ResponseWriter, r *http.Request) {
 		Created: stamp(op.CreatedAt), Updated: stamp(op.UpdatedAt), ToolMissing: t == nil,
 		Waiting: op.Status.AwaitingDecision(), Result: prettyJSON(op.Result),
 	}
-	// The request shown is the escalation's evidence when there is one (the
-	// reconciler stored it redacted) and the intent's args otherwise; both
-	// go through the tool's redaction here, which is idempotent, so nothing
-	// reaches the page unredacted whoever wrote it.
+	// The request shown is the escalation's evidence when there is one and
+	// the intent's args otherwise; op went through redactOperation above,
+	// like every record the API shows.
 	request := op.Args
 	var proposed events.Action
 	if e := op.Escalation; e != nil {
@@ -355,7 +361,7 @@ func (s *Server) uiOperation(w http.ResponseWriter, r *http.Request) {
 		}
 		proposed = e.ProposedAction
 	}
-	v.Request = prettyJSON(redactArgs(t, request))
+	v.Request = prettyJSON(request)
 	if v.Waiting {
 		v.Decide = decideForm(op, proposed, sess)
 	}
@@ -365,7 +371,7 @@ func (s *Server) uiOperation(w http.ResponseWriter, r *http.Request) {
 		if e.Seq > op.Seq {
 			break
 		}
-		ev, err := eventView(e.Envelope, t)
+		ev, err := s.eventView(e.Envelope, t, args)
 		if err != nil {
 			s.uiFailure(w, r, sess, "rendering the operation's events", key, err)
 			return
@@ -376,10 +382,10 @@ func (s *Server) uiOperation(w http.ResponseWriter, r *http.Request) {
 		Flash: takeFlash(w, r), Data: v})
 }
 
-// eventView renders one event for the history. It goes through renderEvent,
-// the JSON API's redaction of events, so both show the same thing.
-func eventView(e events.Envelope, t Tool) (uiEvent, error) {
-	raw, err := renderEvent(e, t)
+// eventView renders one event for the history. It goes through the JSON
+// API's redaction of events, so both show the same thing.
+func (s *UI) eventView(e events.Envelope, t tool.Tool, args json.RawMessage) (uiEvent, error) {
+	raw, err := s.server.RenderEvent(e, t, args)
 	if err != nil {
 		return uiEvent{}, err
 	}
@@ -399,7 +405,7 @@ func eventView(e events.Envelope, t Tool) (uiEvent, error) {
 // uiDecide records a decision posted from a page and redirects back to the
 // operation with what happened. Refusals are messages, not error pages:
 // another approver deciding first is part of the job.
-func (s *Server) uiDecide(w http.ResponseWriter, r *http.Request) {
+func (s *UI) uiDecide(w http.ResponseWriter, r *http.Request) {
 	sess, ok := s.formPoster(w, r)
 	if !ok {
 		return
@@ -417,13 +423,13 @@ func (s *Server) uiDecide(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	note := strings.TrimSpace(r.PostForm.Get("note"))
-	op, err := s.decide(r.Context(), key, action, note, sess.Principal, Seen{})
+	op, err := s.server.Decide(r.Context(), key, action, note, sess.Principal)
 	if err != nil {
-		d := describeDecisionError(err, op)
-		if d.status == http.StatusNotFound {
+		status, detail := s.server.Refusal(err, op)
+		if status == http.StatusNotFound {
 			back = "/ui/"
 		}
-		setFlash(w, r, uiFlash{Kind: flashError, Text: "Not recorded: " + d.detail + "."})
+		setFlash(w, r, uiFlash{Kind: flashError, Text: "Not recorded: " + detail + "."})
 		redirect(w, r, back)
 		return
 	}
@@ -437,7 +443,7 @@ type uiLoginView struct {
 	Error string
 }
 
-func (s *Server) uiLoginForm(w http.ResponseWriter, r *http.Request) {
+func (s *UI) uiLoginForm(w http.ResponseWriter, r *http.Request) {
 	sess, _ := s.session(w, r, false)
 	s.render(w, r, http.StatusOK, uiLoginPage, uiPage{Title: "Sign in", Session: sess,
 		Data: uiLoginView{Open: s.cfg.Open, Next: safeNext(r.URL.Query().Get("next"))}})
@@ -445,7 +451,7 @@ func (s *Server) uiLoginForm(w http.ResponseWriter, r *http.Request) {
 
 // uiLogin checks a pasted token and keeps it in the session cookie. A wrong
 // token is answered 401 with the form again, and never logged.
-func (s *Server) uiLogin(w http.ResponseWriter, r *http.Request) {
+func (s *UI) uiLogin(w http.ResponseWriter, r *http.Request) {
 	if err := uiCrossOrigin.Check(r); err != nil {
 		s.renderMessage(w, r, http.StatusForbidden, uiSession{}, "Refused", "The form was sent from another site.")
 		return
@@ -455,18 +461,18 @@ func (s *Server) uiLogin(w http.ResponseWriter, r *http.Request) {
 	}
 	next := safeNext(r.PostForm.Get("next"))
 	token := strings.TrimSpace(r.PostForm.Get("token"))
-	p, ok := s.auth.tokenPrincipal(token)
+	name, approver, ok := s.server.TokenPrincipal(token)
 	if token == "" || !ok {
 		s.render(w, r, http.StatusUnauthorized, uiLoginPage, uiPage{Title: "Sign in",
 			Data: uiLoginView{Open: s.cfg.Open, Next: next, Error: "That is not a valid API token."}})
 		return
 	}
 	setSessionCookie(w, r, sessionValue(token))
-	s.log.InfoContext(r.Context(), "ui sign-in", slog.String("principal", p.name), slog.Bool("approver", p.approver))
+	s.log.InfoContext(r.Context(), "ui sign-in", slog.String("principal", name), slog.Bool("approver", approver))
 	redirect(w, r, next)
 }
 
-func (s *Server) uiLogout(w http.ResponseWriter, r *http.Request) {
+func (s *UI) uiLogout(w http.ResponseWriter, r *http.Request) {
 	if _, ok := s.formPoster(w, r); !ok {
 		return
 	}
@@ -489,7 +495,7 @@ func safeNext(next string) string {
 
 // uiStaticFile serves the embedded stylesheet. It needs no session: it holds
 // nothing but styles.
-func (s *Server) uiStaticFile(w http.ResponseWriter, r *http.Request) {
+func (s *UI) uiStaticFile(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	uiSecurityHeaders(w)
 	if !fs.ValidPath(name) {
@@ -509,7 +515,7 @@ func (s *Server) uiStaticFile(w http.ResponseWriter, r *http.Request) {
 
 // uiFailure answers a server-side failure with an error page, logging the
 // cause (never args) for the operator.
-func (s *Server) uiFailure(w http.ResponseWriter, r *http.Request, sess uiSession, what, key string, err error) {
+func (s *UI) uiFailure(w http.ResponseWriter, r *http.Request, sess uiSession, what, key string, err error) {
 	ctx := r.Context()
 	attrs := []any{slog.Any("error", err)}
 	if key != "" {

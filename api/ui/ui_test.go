@@ -1,4 +1,4 @@
-package api
+package ui_test
 
 import (
 	"io"
@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/effectline/effectline/api"
+	"github.com/effectline/effectline/api/ui"
 	"github.com/effectline/effectline/events"
 )
 
@@ -48,7 +50,7 @@ func (b *browser) do(t testing.TB, method, path string, form url.Values, header 
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
 	}
-	_, pattern := b.f.srv.mux.Handler(req)
+	_, pattern := routes.Handler(req)
 	res, err := b.client.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +60,7 @@ func (b *browser) do(t testing.TB, method, path string, form url.Values, header 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m, p := splitPattern(pattern); pattern != "" {
+	if m, p, ok := strings.Cut(pattern, " "); ok {
 		observe(m, p, res.StatusCode)
 	}
 	return response{status: res.StatusCode, header: res.Header, body: data}
@@ -157,7 +159,7 @@ func TestUIQueueShowsWaitingOperationsAndNoSecrets(t *testing.T) {
 		t.Fatal("the page has a script or an inline style the CSP forbids")
 	}
 
-	html = page(t, b.get(t, uiOperationHref(key)))
+	html = page(t, b.get(t, ui.OperationHref(key)))
 	for _, want := range []string{
 		key, "irreversible", "absent_downstream", "the PSP has no charge under the idempotency key",
 		"no charge for this key", // what the downstream showed
@@ -185,18 +187,18 @@ func TestUIDecisionCompletesTheOperation(t *testing.T) {
 	n := f.countEvents(t, key)
 
 	// Without the token, or with another session's, nothing is recorded.
-	r := b.post(t, uiOperationHref(key)+"/decisions", url.Values{"action": {"record_success"}})
+	r := b.post(t, ui.OperationHref(key)+"/decisions", url.Values{"action": {"record_success"}})
 	wantStatus(t, r, http.StatusForbidden)
 	wantUIHeaders(t, r)
-	wantStatus(t, b.post(t, uiOperationHref(key)+"/decisions", decisionForm(csrfToken("another-session"), events.ActionRecordSuccess, "")),
+	wantStatus(t, b.post(t, ui.OperationHref(key)+"/decisions", decisionForm(ui.CSRFToken("another-session"), events.ActionRecordSuccess, "")),
 		http.StatusForbidden)
 	if m := f.countEvents(t, key); m != n {
 		t.Fatalf("a refused form appended %d events", m-n)
 	}
 
-	r = b.post(t, uiOperationHref(key)+"/decisions", decisionForm(csrf, events.ActionRecordSuccess, "seen in the PSP"))
-	wantRedirect(t, r, uiOperationHref(key))
-	html := page(t, b.get(t, uiOperationHref(key)))
+	r = b.post(t, ui.OperationHref(key)+"/decisions", decisionForm(csrf, events.ActionRecordSuccess, "seen in the PSP"))
+	wantRedirect(t, r, ui.OperationHref(key))
+	html := page(t, b.get(t, ui.OperationHref(key)))
 	if !strings.Contains(html, `data-status="completed"`) || !strings.Contains(html, "Recorded record_success on "+key) {
 		t.Fatalf("the page after the decision:\n%s", html)
 	}
@@ -206,19 +208,19 @@ func TestUIDecisionCompletesTheOperation(t *testing.T) {
 	if op := load(t, f.store, key); op.Status != events.StatusCompleted {
 		t.Fatalf("stored status %s", op.Status)
 	}
-	if d := lastDecision(t, f.store, key); d.Approver != DevPrincipal || d.Note != "seen in the PSP" {
+	if d := lastDecision(t, f.store, key); d.Approver != api.DevPrincipal || d.Note != "seen in the PSP" {
 		t.Fatalf("decision %+v", d)
 	}
 	// The message is shown once.
-	if html := page(t, b.get(t, uiOperationHref(key))); strings.Contains(html, "Recorded record_success") {
+	if html := page(t, b.get(t, ui.OperationHref(key))); strings.Contains(html, "Recorded record_success") {
 		t.Fatal("the flash message is shown twice")
 	}
 
 	// A second decision (another tab, another approver) is refused with a
 	// message, not an error page.
-	r = b.post(t, uiOperationHref(key)+"/decisions", decisionForm(csrf, events.ActionAbandon, ""))
-	wantRedirect(t, r, uiOperationHref(key))
-	html = page(t, b.get(t, uiOperationHref(key)))
+	r = b.post(t, ui.OperationHref(key)+"/decisions", decisionForm(csrf, events.ActionAbandon, ""))
+	wantRedirect(t, r, ui.OperationHref(key))
+	html = page(t, b.get(t, ui.OperationHref(key)))
 	if !strings.Contains(html, "Not recorded: the operation is completed, not waiting for a decision") {
 		t.Fatalf("no refusal message:\n%s", html)
 	}
@@ -229,11 +231,11 @@ func TestUIDecisionCompletesTheOperation(t *testing.T) {
 	// Compensate of an irreversible effect is refused with the reason; an
 	// unknown key sends back to the queue.
 	escalated(t, f.store, "c", "payments.charge", events.Irreversible, secretArgs)
-	wantRedirect(t, b.post(t, uiOperationHref("c")+"/decisions", decisionForm(csrf, events.ActionCompensate, "")), uiOperationHref("c"))
-	if html := page(t, b.get(t, uiOperationHref("c"))); !strings.Contains(html, "only a compensable effect has an undo") {
+	wantRedirect(t, b.post(t, ui.OperationHref("c")+"/decisions", decisionForm(csrf, events.ActionCompensate, "")), ui.OperationHref("c"))
+	if html := page(t, b.get(t, ui.OperationHref("c"))); !strings.Contains(html, "only a compensable effect has an undo") {
 		t.Fatalf("no reason for the refused compensate:\n%s", html)
 	}
-	wantRedirect(t, b.post(t, uiOperationHref("nope")+"/decisions", decisionForm(csrf, events.ActionRetry, "")), "/ui/")
+	wantRedirect(t, b.post(t, ui.OperationHref("nope")+"/decisions", decisionForm(csrf, events.ActionRetry, "")), "/ui/")
 	if html := page(t, b.get(t, "/ui/")); !strings.Contains(html, "no operation with this key") {
 		t.Fatal("no message for an unknown key")
 	}
@@ -286,7 +288,7 @@ func TestUILoginFlow(t *testing.T) {
 
 	// The cookie is the UI's only: the JSON API still wants the header.
 	req, _ := http.NewRequest(http.MethodGet, f.url+"/v1/operations/k1", nil)
-	req.AddCookie(&http.Cookie{Name: uiSessionCookie, Value: sessionValue(opsToken)})
+	req.AddCookie(&http.Cookie{Name: ui.SessionCookie, Value: ui.SessionValue(opsToken)})
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -336,7 +338,7 @@ func TestUIRefusesCrossSiteForms(t *testing.T) {
 		t.Fatalf("a cross-site form changed the operation: %s", op.Status)
 	}
 	// An oversized form is refused before anything reads it.
-	big := decisionForm(csrf, events.ActionRetry, strings.Repeat("n", uiFormMaxBytes))
+	big := decisionForm(csrf, events.ActionRetry, strings.Repeat("n", ui.FormMaxBytes))
 	wantStatus(t, b.post(t, "/ui/operations/k/decisions", big), http.StatusRequestEntityTooLarge)
 }
 
@@ -358,7 +360,7 @@ func TestUIPagesAndAssets(t *testing.T) {
 	if html := page(t, b.get(t, "/ui/")); !strings.Contains(html, "Nothing is waiting for a decision") {
 		t.Fatalf("empty queue:\n%s", html)
 	}
-	r := b.get(t, uiCSSURL)
+	r := b.get(t, ui.CSSURL)
 	wantStatus(t, r, http.StatusOK)
 	if ct := r.header.Get("Content-Type"); !strings.HasPrefix(ct, "text/css") || !strings.Contains(string(r.body), ".queue") {
 		t.Fatalf("stylesheet: %s", ct)
@@ -373,29 +375,11 @@ func TestUIPagesAndAssets(t *testing.T) {
 	}
 }
 
-func TestSafeNext(t *testing.T) {
-	t.Parallel()
-	for next, want := range map[string]string{
-		"":                         "/ui/",
-		"/ui/operations/a%2Fb":     "/ui/operations/a%2Fb",
-		"/ui/?x=1":                 "/ui/?x=1",
-		"https://evil.example/ui/": "/ui/",
-		"//evil.example/ui/":       "/ui/",
-		"/ui//evil.example":        "/ui/",
-		"/ui/\\evil":               "/ui/",
-		"/v1/operations":           "/ui/",
-	} {
-		if got := safeNext(next); got != want {
-			t.Errorf("safeNext(%q) = %q, want %q", next, got, want)
-		}
-	}
-}
-
 // A token may hold bytes a cookie value cannot; the session still works.
 func TestUILoginWithTokenOfAnyBytes(t *testing.T) {
 	t.Parallel()
-	const odd = `tok;"odd"\ä`
-	f, _ := setupApproval(t, func(c *Config, _ *Deps) {
+	const odd = `tok;"odd"\ä-long-enough`
+	f, _ := setupApproval(t, func(c *api.Config, _ *api.Deps) {
 		c.Tokens[odd] = "ops"
 	})
 	b := newBrowser(t, f)

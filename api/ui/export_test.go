@@ -1,0 +1,14 @@
+package ui
+
+// Internals the external tests (package ui_test) use.
+var (
+	CSRFToken     = csrfToken
+	OperationHref = uiOperationHref
+	SessionValue  = sessionValue
+	CSSURL        = uiCSSURL
+)
+
+const (
+	SessionCookie = uiSessionCookie
+	FormMaxBytes  = uiFormMaxBytes
+)

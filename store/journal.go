@@ -1,0 +1,71 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"iter"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/effectline/effectline/events"
+)
+
+// JournalTx streams every journaled event inside the caller's transaction,
+// in (operation_key, seq) order: each operation's events in seq order, one
+// operation after the other. It reads pageSize events per query; each page
+// is a range scan of the events table's primary key that starts where the
+// last one ended, so the whole journal is read without an offset and
+// without holding it in memory. The first error ends the sequence.
+func JournalTx(ctx context.Context, tx pgx.Tx, pageSize int) iter.Seq2[events.Envelope, error] {
+	return func(yield func(events.Envelope, error) bool) {
+		var (
+			afterKey string
+			afterSeq int64
+		)
+		for {
+			page, err := journalPage(ctx, tx, afterKey, afterSeq, pageSize)
+			if err != nil {
+				yield(events.Envelope{}, err)
+				return
+			}
+			for _, e := range page {
+				if !yield(e, nil) {
+					return
+				}
+			}
+			if len(page) < pageSize {
+				return
+			}
+			last := page[len(page)-1]
+			afterKey, afterSeq = last.OperationKey, last.Seq
+		}
+	}
+}
+
+func journalPage(ctx context.Context, tx pgx.Tx, afterKey string, afterSeq int64, limit int) ([]events.Envelope, error) {
+	rows, err := tx.Query(ctx, `SELECT operation_key, envelope FROM events
+	WHERE (operation_key, seq) > ($1, $2)
+	ORDER BY operation_key, seq
+	LIMIT $3`, afterKey, afterSeq, limit)
+	if err != nil {
+		return nil, fmt.Errorf("reading events after %s/%d: %w", afterKey, afterSeq, interpretError(err))
+	}
+	page, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (events.Envelope, error) {
+		var (
+			key string
+			raw []byte
+		)
+		if err := row.Scan(&key, &raw); err != nil {
+			return events.Envelope{}, err
+		}
+		e, err := events.Decode(raw)
+		if err != nil {
+			return events.Envelope{}, fmt.Errorf("journaled event of %s: %w", key, err)
+		}
+		return e, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading events after %s/%d: %w", afterKey, afterSeq, interpretError(err))
+	}
+	return page, nil
+}

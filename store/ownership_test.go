@@ -1,0 +1,93 @@
+package store_test
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// tableOwners names, for every table, the one package whose code may run
+// statements on it. Everyone else goes through that package's methods, so a
+// table's layout can change in one place.
+var tableOwners = map[string]string{
+	"operations":         "store",
+	"events":             "store",
+	"outbox":             "store",
+	"operation_state":    "projector",
+	"webhook_deliveries": "reconciler",
+}
+
+// sqlTable finds a table where SQL names one. The code writes SQL keywords
+// in capitals, which keeps prose ("events from Kafka") out; a fragment of a
+// statement built by concatenation (" FROM operations") is caught too.
+var sqlTable = regexp.MustCompile(`\b(?:FROM|INTO|UPDATE|JOIN|TABLE|ON)\s+([a-z_]+)\b`)
+
+// TestTablesAreTouchedOnlyByTheirOwner reads the string literals of every
+// non-test Go file of the module and fails on SQL that names a table outside
+// the table's owner package. Tests are exempt: they may look at any table
+// to check what the code did.
+func TestTablesAreTouchedOnlyByTheirOwner(t *testing.T) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			name := d.Name()
+			if path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "vendor") {
+				return filepath.SkipDir
+			}
+			if path != root {
+				if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil {
+					return filepath.SkipDir // another module
+				}
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		rel, _ := filepath.Rel(root, path)
+		pkgDir := filepath.ToSlash(filepath.Dir(rel))
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		checked++
+		ast.Inspect(f, func(n ast.Node) bool {
+			lit, ok := n.(*ast.BasicLit)
+			if !ok || lit.Kind != token.STRING {
+				return true
+			}
+			s, err := strconv.Unquote(lit.Value)
+			if err != nil {
+				return true
+			}
+			for _, m := range sqlTable.FindAllStringSubmatch(s, -1) {
+				owner, ok := tableOwners[strings.ToLower(m[1])]
+				if ok && pkgDir != owner {
+					t.Errorf("%s: SQL on table %s, which package %s owns: call a method of %s instead", rel, m[1], owner, owner)
+				}
+			}
+			return true
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if checked < 50 {
+		t.Fatalf("checked only %d files under %s: the walk did not find the module", checked, root)
+	}
+}
