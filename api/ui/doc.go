@@ -6,6 +6,12 @@
 // decision path as the JSON API, answered with a redirect (303) back to the
 // operation and a one-time message.
 //
+// For an operation of unknown outcome the page also asks the downstream
+// (the tool's reconcile, a few seconds at most, nothing journaled) and shows
+// the answer with its time; for an irreversible one it proposes checking
+// the downstream rather than a retry, which then needs a note and a ticked
+// confirmation (guards.go).
+//
 // The HTTP API (package api) mounts the UI's Routes, public to its
 // bearer-token guard: the UI authenticates with its own cookie session
 // (session.go) and refuses, or sends to the sign-in page, whoever has none.

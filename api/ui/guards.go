@@ -1,10 +1,14 @@
 package ui
 
 import (
+	"cmp"
+	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/tool"
 )
 
 // What an approver needs that a status alone does not say: why an
@@ -109,4 +113,51 @@ func latestEvidence(evs []uiEvent) (shown, when, source string) {
 		}
 	}
 	return "", "", ""
+}
+
+// askTimeout bounds the downstream question a page asks: the approver is
+// waiting for the page.
+const askTimeout = 3 * time.Second
+
+// askedNow is what the downstream answered when the page was opened.
+type askedNow struct {
+	Answer string // found, absent or cannot_tell
+	When   string
+	Body   string
+	Error  string
+}
+
+// askDownstream asks the tool's reconcile, as the page is opened, whether the
+// effect of an operation of unknown outcome happened, so the approver sees
+// what the downstream shows now and not only what it showed when the
+// operation was escalated. Nothing is journaled: a page view changes
+// nothing, and a decision asks again before it is carried out. nil when
+// there is nothing to ask (no attempt, no reconcile request).
+func askDownstream(ctx context.Context, op events.Operation, t tool.Tool, args json.RawMessage) *askedNow {
+	if t == nil || op.Attempt == 0 || !op.Status.AwaitingDecision() || !t.Spec().CanReconcile {
+		return nil
+	}
+	rec, ok := t.(tool.Reconciler)
+	if !ok {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, askTimeout)
+	defer cancel()
+	ans := rec.Reconcile(ctx, tool.Call{
+		OperationKey:  op.Key,
+		DownstreamKey: cmp.Or(op.DownstreamKey, events.DownstreamKeyFor(op.Key, op.Compensations)),
+		DownstreamID:  op.DownstreamID,
+		UndoRef:       op.UndoRef,
+		Principal:     op.Principal,
+		Attempt:       op.Attempt,
+		Args:          args,
+	})
+	a := &askedNow{Answer: string(ans.Answer), When: stamp(time.Now())}
+	if len(ans.Body) > 0 {
+		a.Body = prettyJSON(t.Spec().RedactEcho(args, ans.Body))
+	}
+	if ans.Answer == tool.CannotTell {
+		a.Error = ans.ErrorClass
+	}
+	return a
 }

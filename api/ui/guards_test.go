@@ -26,7 +26,8 @@ func TestUIUnknownIrreversibleProposesCheckingTheDownstream(t *testing.T) {
 			ProposedAction: events.ActionRetry}})
 	b := newBrowser(t, f)
 	html := page(t, b.get(t, ui.OperationHref(key)))
-	for _, want := range []string{"check the downstream", `name="confirm_retry"`, "Retry anyway", "paid-and-open", "As of "} {
+	for _, want := range []string{"check the downstream", `name="confirm_retry"`, "Retry anyway", "paid-and-open", "As of ",
+		"Asked again as this page opened", "it cannot tell"} {
 		if !strings.Contains(html, want) {
 			t.Errorf("the page does not show %q", want)
 		}

@@ -303,8 +303,10 @@ type uiOperationView struct {
 	// DownstreamWhen and DownstreamSource say when and in which event the
 	// downstream said what Downstream shows.
 	DownstreamWhen, DownstreamSource string
-	Events                           []uiEvent
-	Decide                           *uiDecideForm
+	// AskedNow is the downstream's answer as the page was opened.
+	AskedNow *askedNow
+	Events   []uiEvent
+	Decide   *uiDecideForm
 }
 
 type uiEscalation struct {
@@ -395,6 +397,7 @@ func (s *UI) uiOperation(w http.ResponseWriter, r *http.Request) {
 	if shown, when, source := latestEvidence(v.Events); shown != "" {
 		v.Downstream, v.DownstreamWhen, v.DownstreamSource = shown, when, source
 	}
+	v.AskedNow = askDownstream(ctx, op, t, args)
 	s.render(w, r, http.StatusOK, uiOperationPage, uiPage{Title: op.Key, Session: sess,
 		Flash: takeFlash(w, r), Data: v})
 }
