@@ -248,13 +248,14 @@ func (t *HTTPTool) Check(ctx context.Context, c Call) (Check, bool) {
 		chk.Reason = "the precondition's record does not exist (404)"
 	default:
 		chk.Verdict, chk.ErrorClass, chk.RetryAfter = Unchecked, ClassPreconditionUnavailable, r.RetryAfter
-		chk.Reason = "the precondition could not be checked: " + orClass(r)
+		chk.Reason = "the precondition could not be checked: " + checkFailure(r)
 	}
 	chk.Evidence = checkEvidence("precondition", &t.spec, c, p.ep.method, url, chk, r.Body)
 	return chk, true
 }
 
-func orClass(r Result) string {
+// checkFailure says why a precondition could not be asked, URL queries cut.
+func checkFailure(r Result) string {
 	if r.Err != nil {
 		return queryInError.ReplaceAllString(r.Err.Error(), "?…")
 	}

@@ -118,7 +118,14 @@ func Load(path string, getenv func(string) string) (*Registry, error) {
 // class, a compensable tool without compensate, a secret written inline, a
 // URL template that does not parse or names a host outside allowed_hosts,
 // a non-positive timeout or cap, an args_schema that does not compile, a
-// signing_secret_env whose variable is unset. Every problem is reported,
+// signing_secret_env whose variable is unset, a precondition without expect
+// or whose expect does not compile (or holds a template action that is not
+// the whole string, or names anything but .Args.<field>, .Principal, .Key,
+// .OperationKey or .DownstreamID), an approval with fewer than one approver
+// or a when that does not compile.
+//
+// The execution-time guards are two keys of a tool: precondition (see
+// preconditionEntry) and approval (see approvalEntry). Every problem is reported,
 // each as a *ConfigError naming the tool and the key, joined with
 // errors.Join.
 //
