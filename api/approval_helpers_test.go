@@ -16,6 +16,7 @@ import (
 	"github.com/effectline/effectline/reconciler"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
+	"github.com/effectline/effectline/tool/httptool"
 )
 
 // The approval tests run the real reconciler behind the API, as cmd wires
@@ -68,7 +69,7 @@ type approval struct {
 func newApproval(t testing.TB) *approval {
 	t.Helper()
 	secrets := map[string]string{"CHARGE_SECRET": newWebhookSecret(t), "RESERVE_SECRET": newWebhookSecret(t)}
-	reg, err := tool.Parse([]byte(approvalToolsFile), func(k string) string { return secrets[k] })
+	reg, err := httptool.Parse([]byte(approvalToolsFile), func(k string) string { return secrets[k] })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
 )
@@ -33,6 +33,9 @@ type acceptedBody struct {
 	OperationKey string        `json:"operation_key"`
 	Status       events.Status `json:"status"`
 	Href         string        `json:"href"`
+	// Outcome is the record's: pending, since only an operation that has
+	// not settled is answered 202.
+	Outcome events.OperationOutcome `json:"outcome"`
 }
 
 func operationHref(key string) string { return "/v1/operations/" + url.PathEscape(key) }
@@ -115,6 +118,14 @@ func (s *Server) postIntent(w http.ResponseWriter, r *http.Request) {
 	effect := t.Spec().Effect
 	span.SetAttributes(attrEffectClass.String(string(effect)))
 
+	// The wait is registered before the intent is journaled, so no event
+	// of the operation can slip past it.
+	var wt *waiter
+	if d, ok := preferWait(r); ok {
+		wt = s.startWait(w, key, d)
+		defer wt.close()
+	}
+
 	ev, err := events.New(events.IntentRecorded, key, 1, name, effect, 0,
 		events.IntentData{Args: args.Bytes(), Principal: principal}, time.Now())
 	if err != nil {
@@ -126,7 +137,7 @@ func (s *Server) postIntent(w http.ResponseWriter, r *http.Request) {
 		// The span of this request is a child of the caller's traceparent
 		// (if any), so storing it makes the executor's attempts continue the
 		// caller's trace (DESIGN §8).
-		Traceparent: kafka.TraceparentFrom(ctx),
+		Traceparent: traceparent.FromContext(ctx),
 		TopicPrefix: s.cfg.TopicPrefix,
 	})
 	switch {
@@ -134,9 +145,13 @@ func (s *Server) postIntent(w http.ResponseWriter, r *http.Request) {
 		s.tel.intent(ctx, name, "recorded")
 		s.log.InfoContext(ctx, "intent recorded", slog.String("operation_key", key), slog.String("tool", name),
 			slog.String("principal", principal), slog.String("status", string(op.Status)))
+		if wt != nil {
+			s.answerWaited(ctx, w, wt, op, t)
+			return
+		}
 		s.writeAccepted(w, op)
 	case store.IsConflict(err):
-		s.answerExisting(ctx, w, t, key, name, hash, principal)
+		s.answerExisting(ctx, w, t, key, name, hash, principal, wt)
 	default:
 		var de *events.DecodeError
 		switch {
@@ -160,19 +175,28 @@ func (s *Server) postIntent(w http.ResponseWriter, r *http.Request) {
 // answerExisting answers an intent whose key is taken. The insert lost to a
 // committed operation, so the head record is there to read; the answer
 // depends only on it, never on which request came first.
-func (s *Server) answerExisting(ctx context.Context, w http.ResponseWriter, t tool.Tool, key, name, hash, principal string) {
+func (s *Server) answerExisting(ctx context.Context, w http.ResponseWriter, t tool.Tool, key, name, hash, principal string, wt *waiter) {
 	op, err := s.store.Load(ctx, key)
-	if err != nil {
+	tomb, pruned := store.AsPruned(err)
+	if err != nil && !pruned {
 		s.fail(ctx, w, "loading the existing operation", key, err)
 		return
 	}
-	if op.Principal != principal {
+	owner := op.Principal
+	if pruned {
+		owner = tomb.Principal // a tombstone is scoped like the live record
+	}
+	if owner != principal {
 		// Another principal's key: neither its record nor its result, nor
 		// whether its args match, is this caller's to learn.
 		s.tel.intent(ctx, name, "key_in_use")
 		s.log.WarnContext(ctx, "intent rejected: operation key in use by another principal",
 			slog.String("operation_key", key), slog.String("tool", name), slog.String("principal", principal))
 		writeError(w, http.StatusConflict, codeKeyInUse, "this operation_key is in use by another principal")
+		return
+	}
+	if pruned {
+		s.answerTombstone(ctx, w, tomb, name, hash, principal)
 		return
 	}
 	trace.SpanFromContext(ctx).SetAttributes(attrStatus.String(string(op.Status)))
@@ -184,19 +208,31 @@ func (s *Server) answerExisting(ctx context.Context, w http.ResponseWriter, t to
 			"this operation_key was already used with another tool or other args")
 		return
 	}
-	if op.Status == events.StatusCompleted {
-		s.tel.intent(ctx, name, "completed")
+	// Any settled operation, failed and unknown as much as completed,
+	// answers 200: its record is the answer, and a 202 would tell the
+	// caller it is still in flight.
+	if events.OutcomeOf(op).State.Settled() {
+		result := "settled"
+		if op.Status == events.StatusCompleted {
+			result = "completed"
+		}
+		s.tel.intent(ctx, name, result)
 		writeJSON(w, http.StatusOK, renderOperation(op, t))
 		return
 	}
 	s.tel.intent(ctx, name, "duplicate")
+	if wt != nil {
+		s.answerWaited(ctx, w, wt, op, t)
+		return
+	}
 	s.writeAccepted(w, op)
 }
 
 func (s *Server) writeAccepted(w http.ResponseWriter, op events.Operation) {
 	href := operationHref(op.Key)
 	w.Header().Set("Location", href)
-	writeJSON(w, http.StatusAccepted, acceptedBody{OperationKey: op.Key, Status: op.Status, Href: href})
+	writeJSON(w, http.StatusAccepted, acceptedBody{OperationKey: op.Key, Status: op.Status, Href: href,
+		Outcome: events.OutcomeOf(op)})
 }
 
 // fail answers a failure of the server or its dependencies. A deadline or a

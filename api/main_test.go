@@ -23,8 +23,9 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/internal/testenv/storedb"
 	"github.com/effectline/effectline/store"
-	"github.com/effectline/effectline/tool"
+	"github.com/effectline/effectline/tool/httptool"
 )
 
 // TestMain checks, after every test ran, that each (method, route, status)
@@ -138,7 +139,7 @@ tools:
 // testTools is the real tool registry loaded from toolsFile.
 func testTools(t testing.TB) Tools {
 	t.Helper()
-	reg, err := tool.Parse([]byte(toolsFile), nil)
+	reg, err := httptool.Parse([]byte(toolsFile), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,10 +188,7 @@ type option func(*Config, *Deps)
 // committer, served by an httptest server.
 func setup(t *testing.T, opts ...option) *fixture {
 	t.Helper()
-	pool := testenv.NewPool(t, testenv.NewDatabase(t))
-	if _, err := store.Migrate(context.Background(), pool); err != nil {
-		t.Fatal(err)
-	}
+	pool := testenv.NewPool(t, storedb.New(t))
 	st := store.New(pool)
 	committer := st.NewCommitter(store.CommitterConfig{})
 	ctx, cancel := context.WithCancel(context.Background())

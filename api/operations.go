@@ -42,7 +42,9 @@ func (f OperationsFunc) List(ctx context.Context, filter events.ListFilter) (eve
 // request redacted, and on GET of one operation its history.
 type operationBody struct {
 	events.Operation
-	Events []json.RawMessage `json:"events,omitempty"`
+	// Outcome is the agent's reading of the record (events.OutcomeOf).
+	Outcome events.OperationOutcome `json:"outcome"`
+	Events  []json.RawMessage       `json:"events,omitempty"`
 }
 
 // renderOperation returns op as a response record, redacted by t (nil: the
@@ -50,14 +52,15 @@ type operationBody struct {
 // fold left it: it clears the lease whenever no step runs, so it is non-null
 // exactly while an attempt or compensation holds it.
 func renderOperation(op events.Operation, t tool.Tool) operationBody {
-	return operationBody{Operation: redactOperation(op, t)}
+	red := redactOperation(op, t)
+	return operationBody{Operation: red, Outcome: events.OutcomeOf(red)}
 }
 
 // summarizeOperation is the record without args, escalation or history: a
 // list item.
-func summarizeOperation(op events.Operation) events.Operation {
+func summarizeOperation(op events.Operation) operationBody {
 	op.Args, op.Escalation = nil, nil
-	return op
+	return operationBody{Operation: op, Outcome: events.OutcomeOf(op)}
 }
 
 // renderEvent returns an event envelope of the operation whose args are
@@ -83,7 +86,23 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, codeNotFound, "no operation with this key")
 		return
 	}
+	var wt *waiter
+	if d, given, ok := queryWait(r); !ok {
+		writeFieldError(w, http.StatusBadRequest, codeInvalidRequest, "wait", "wait must be a duration such as 10s, at most 60s")
+		return
+	} else if given {
+		wt = s.startWait(w, key, d)
+		defer wt.close()
+	}
 	op, err := s.store.Load(ctx, key)
+	if tomb, ok := store.AsPruned(err); ok {
+		if !s.mayRead(readerOf(ctx), events.Operation{Principal: tomb.Principal}) {
+			writeError(w, http.StatusNotFound, codeNotFound, "no operation with this key")
+			return
+		}
+		writeJSON(w, http.StatusOK, renderTombstone(tomb))
+		return
+	}
 	if errors.Is(err, store.ErrNotFound) || err == nil && !s.mayRead(readerOf(ctx), op) {
 		writeError(w, http.StatusNotFound, codeNotFound, "no operation with this key")
 		return
@@ -92,6 +111,7 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
 		s.fail(ctx, w, "loading the operation", key, err)
 		return
 	}
+	op = wt.until(ctx, w, op)
 	stored, err := s.store.Events(ctx, key, 0)
 	if err != nil {
 		s.fail(ctx, w, "loading the operation's events", key, err)
@@ -113,13 +133,17 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
 		}
 		body.Events = append(body.Events, raw)
 	}
+	if wt != nil && !settled(op) {
+		writeJSON(w, http.StatusAccepted, body)
+		return
+	}
 	writeJSON(w, http.StatusOK, body)
 }
 
 // listBody is a page of GET /v1/operations.
 type listBody struct {
-	Items      []events.Operation `json:"items"`
-	NextCursor string             `json:"next_cursor,omitempty"`
+	Items      []operationBody `json:"items"`
+	NextCursor string          `json:"next_cursor,omitempty"`
 }
 
 // listOperations answers a page of the read model.
@@ -154,7 +178,7 @@ func (s *Server) listOperations(w http.ResponseWriter, r *http.Request) {
 	}
 	scope, ok := s.listScope(readerOf(ctx))
 	if !ok {
-		writeJSON(w, http.StatusOK, listBody{Items: []events.Operation{}})
+		writeJSON(w, http.StatusOK, listBody{Items: []operationBody{}})
 		return
 	}
 	f.Principal = scope
@@ -175,7 +199,7 @@ func (s *Server) listOperations(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, codeInternal, "listing operations failed")
 		return
 	}
-	body := listBody{Items: make([]events.Operation, 0, len(page.Items)), NextCursor: page.NextCursor}
+	body := listBody{Items: make([]operationBody, 0, len(page.Items)), NextCursor: page.NextCursor}
 	for _, op := range page.Items {
 		t, _ := s.tools.Get(op.Tool)
 		body.Items = append(body.Items, summarizeOperation(redactOperation(op, t)))

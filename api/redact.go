@@ -58,6 +58,11 @@ func redactOperation(op events.Operation, t tool.Tool) events.Operation {
 	out := op
 	out.Args = redactArgs(t, op.Args)
 	out.Result = redactDoc(t, op.Args, op.Result)
+	if f := op.LastFailure; f != nil {
+		red := *f
+		red.Response = redactDoc(t, op.Args, f.Response)
+		out.LastFailure = &red
+	}
 	if e := op.Escalation; e != nil {
 		red := *e
 		red.Request = redactDoc(t, op.Args, e.Request)
@@ -84,6 +89,10 @@ func redactEvent(e events.Envelope, t tool.Tool, args json.RawMessage) (events.E
 	case *events.AttemptSucceededData:
 		red := *d
 		red.Result = redactDoc(t, args, d.Result)
+		data = red
+	case *events.AttemptFailedData:
+		red := *d
+		red.Response = redactDoc(t, args, d.Response)
 		data = red
 	case *events.ReconciliationResolvedData:
 		red := *d

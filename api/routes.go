@@ -14,9 +14,12 @@ func (s *Server) registerRoutes() {
 	s.HandleFunc("POST /v1/intents", s.postIntent, Authenticated)
 	s.HandleFunc("GET /v1/operations", s.listOperations, Authenticated)
 	s.HandleFunc("GET /v1/operations/{key}", s.getOperation, Authenticated)
+	s.HandleFunc("GET /v1/operations/{key}/events", s.streamEvents, Authenticated)
 	s.decisionRoutes()
 	s.webhookRoutes()
+	s.workflowRoutes()
 	s.uiRoutes()
+	s.mcpRoutes()
 
 	s.HandleFunc("GET /healthz", s.healthz, Public)
 	s.HandleFunc("GET /readyz", s.readyz, Public)

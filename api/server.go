@@ -12,8 +12,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/effectline/effectline/api/mcp"
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/watch"
 )
 
 // Committer journals one step of an operation; the store's group committer
@@ -48,6 +50,16 @@ type Deps struct {
 	// Webhooks applies inbound tool callbacks, for POST /v1/webhooks/{source}
 	// (*reconciler.Webhooks). Nil: that route answers 503.
 	Webhooks WebhookHandler
+	// Workflows starts and reads workflow runs and records their decisions
+	// (*workflow.Service). Nil: the workflow routes answer 503.
+	Workflows Workflows
+	// Waits wakes requests that wait for their operation (Prefer: wait,
+	// ?wait=, the event stream); it must be running (watch.Hub.Run). Nil:
+	// requests answer at once and streams poll the journal.
+	Waits *watch.Hub
+	// Catalogue lists the tools the MCP server on POST /mcp offers
+	// (RegistryCatalogue); nil: no MCP endpoint.
+	Catalogue []mcp.Tool
 }
 
 // Route is one registered route.
@@ -72,7 +84,10 @@ type Server struct {
 	metrics    http.Handler
 	ready      func(context.Context) error
 	decider    Decider
+	workflows  Workflows
 	webhooks   WebhookHandler
+	waits      *watch.Hub
+	catalogue  []mcp.Tool
 	auth       *authenticator
 	tel        *telemetry
 
@@ -116,7 +131,10 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		metrics:    deps.Metrics,
 		ready:      deps.Ready,
 		decider:    deps.Decider,
+		workflows:  deps.Workflows,
 		webhooks:   deps.Webhooks,
+		waits:      deps.Waits,
+		catalogue:  deps.Catalogue,
 		auth:       newAuthenticator(cfg),
 		tel:        tel,
 		mux:        http.NewServeMux(),

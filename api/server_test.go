@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/internal/testenv/storedb"
 	"github.com/effectline/effectline/store"
 )
 
@@ -220,10 +221,7 @@ func TestParseTokens(t *testing.T) {
 // returns nil once drained.
 func TestRunServesAndShutsDownGracefully(t *testing.T) {
 	t.Parallel()
-	pool := testenv.NewPool(t, testenv.NewDatabase(t))
-	if _, err := store.Migrate(context.Background(), pool); err != nil {
-		t.Fatal(err)
-	}
+	pool := testenv.NewPool(t, storedb.New(t))
 	srv, err := New(Config{
 		Addr: "127.0.0.1:0", Tokens: map[string]string{billingToken: "billing-agent"},
 		ShutdownDelay: 300 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),

@@ -100,7 +100,7 @@ func (s *Server) instrument(method, route string, next http.Handler) http.Handle
 			trace.WithSpanKind(trace.SpanKindServer),
 			trace.WithAttributes(attrMethod.String(r.Method), attrRoute.String(route)))
 		defer span.End()
-		ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+		ctx, cancel := context.WithTimeout(ctx, s.timeoutFor(route, r))
 		defer cancel()
 
 		rec := &statusRecorder{ResponseWriter: w}

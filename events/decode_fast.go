@@ -862,6 +862,8 @@ func (d *AttemptFailedData) fastDecode(r *fastReader) bool {
 			ok = r.bool(&d.Late)
 		case "precondition":
 			ok = r.raw(&d.Precondition)
+		case "response":
+			ok = r.raw(&d.Response)
 		}
 		if !ok {
 			return false

@@ -391,6 +391,7 @@ func (d *AttemptFailedData) fastMarshal(w *fastWriter) {
 	w.timeOmit("retry_at", d.RetryAt)
 	w.boolOmit("late", d.Late)
 	w.rawOmit("precondition", d.Precondition)
+	w.rawOmit("response", d.Response)
 }
 
 func (d *AttemptUnknownData) fastMarshal(w *fastWriter) {
@@ -471,6 +472,16 @@ func (o *Operation) fastMarshal(w *fastWriter) {
 		w.ok = false // a list of strings: left to encoding/json
 	}
 	w.str("last_error_class", o.LastErrorClass)
+	if f := o.LastFailure; f != nil {
+		w.member("last_failure")
+		sub := fastWriter{ok: true}
+		sub.str("kind", string(f.Kind))
+		sub.intOmit("status_code", int64(f.StatusCode))
+		sub.rawOmit("response", f.Response)
+		b, ok := sub.end()
+		w.ok = w.ok && ok
+		w.b = append(w.b, b...)
+	}
 	w.intOmit("evidence", int64(o.Evidence))
 	if o.Escalation != nil {
 		w.member("escalation")

@@ -103,6 +103,10 @@ func fastRandomValue(r *rand.Rand, v reflect.Value) {
 				list[i] = fastRandomString(r)
 			}
 			f.Set(reflect.ValueOf(list))
+		case *Failure:
+			var d Failure
+			fastRandomValue(r, reflect.ValueOf(&d).Elem())
+			f.Set(reflect.ValueOf(&d))
 		default:
 			switch f.Kind() {
 			case reflect.String:
@@ -140,8 +144,9 @@ func TestFastMarshalMatchesEncodingJSON(t *testing.T) {
 	op := Operation{Key: "order-7/charge", Tool: "payments.charge", EffectClass: Irreversible, PayloadHash: "ab",
 		Principal: "billing-agent", Args: json.RawMessage(`{"amount":1299}`), Status: StatusNeedsReconciliation,
 		Phase: PhaseAttempt, Attempt: 2, LeaseUntil: &at, Result: json.RawMessage(`{"id":"ch_1"}`),
-		Escalation: &EscalationData{Reason: "unknown", Request: json.RawMessage(`{}`), ProposedAction: ActionRetry},
-		Seq:        5, LastOutcomeAt: &at, CreatedAt: at, UpdatedAt: at}
+		Escalation:  &EscalationData{Reason: "unknown", Request: json.RawMessage(`{}`), ProposedAction: ActionRetry},
+		LastFailure: &Failure{Kind: Final, StatusCode: 422, Response: json.RawMessage(`{"error":"too much"}`)},
+		Seq:         5, LastOutcomeAt: &at, CreatedAt: at, UpdatedAt: at}
 	if _, ok := fastMarshal(op); !ok {
 		t.Error("fastMarshal declined an operation record")
 	}
@@ -181,7 +186,7 @@ func FuzzFastMarshal(f *testing.F) {
 			ProposedAction: Action(s2), Detail: s2}
 		fastDiffMarshal(t, d)
 		fastDiffMarshal(t, AttemptFailedData{Kind: FailureKind(s1), ErrorClass: s2, Error: s1 + s2,
-			StatusCode: int(n), RetryAt: &at, Late: n%2 == 0})
+			StatusCode: int(n), RetryAt: &at, Late: n%2 == 0, Response: json.RawMessage(raw)})
 		fastDiffMarshal(t, Envelope{EventID: s1, Type: Type(s2), OperationKey: s1, Seq: n, OccurredAt: at,
 			Tool: s2, EffectClass: EffectClass(s1), Attempt: int(n), Data: json.RawMessage(raw)})
 	})

@@ -76,7 +76,16 @@ type AttemptFailedData struct {
 	// Precondition is the evidence of the execution-time check; when it did
 	// not pass, nothing was sent and this is why the attempt failed.
 	Precondition json.RawMessage `json:"precondition,omitempty"`
+	// Response is the downstream's own answer to a rejected request (its
+	// body, sensitive values redacted, at most MaxResponseBytes), so the
+	// agent that asked can correct its input.
+	Response json.RawMessage `json:"response,omitempty"`
 }
+
+// MaxResponseBytes caps the downstream answer journaled on a failed
+// attempt: enough for any validation message, small enough that a chatty
+// error page does not bloat every record that carries it.
+const MaxResponseBytes = 4 << 10
 
 // Next says what the executor decided after an unknown outcome.
 type Next string

@@ -92,6 +92,9 @@ func exampleEvents(tb testing.TB) []example {
 			StatusCode: 200, Result: json.RawMessage(`[1,2,3]`), DownstreamID: "ch_1", Late: true}},
 		{"attempt failed final", events.AttemptFailed, 3, events.Irreversible, 1, events.AttemptFailedData{
 			Kind: events.Final, ErrorClass: "http_422", Error: "amount must be positive", StatusCode: 422}},
+		{"attempt failed with the downstream's answer", events.AttemptFailed, 3, events.Irreversible, 1, events.AttemptFailedData{
+			Kind: events.Final, ErrorClass: "http_422", StatusCode: 422,
+			Response: json.RawMessage(`{"error":"amount exceeds order total"}`)}},
 		{"attempt failed retryable with retry_at", events.AttemptFailed, 3, events.Idempotent, 1, events.AttemptFailedData{
 			Kind: events.Retryable, ErrorClass: "http_503", StatusCode: 503, RetryAt: timePtr(later)}},
 		{"attempt failed retryable caps spent", events.AttemptFailed, 3, events.Idempotent, 4, events.AttemptFailedData{

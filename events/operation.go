@@ -60,6 +60,9 @@ type Operation struct {
 	// as its escalation's Approvers.
 	Approvals      []string `json:"approvals,omitempty"`
 	LastErrorClass string   `json:"last_error_class"`
+	// LastFailure is the confirmed failure of the latest attempt, while that
+	// is the latest outcome: what the outcome's reason quotes.
+	LastFailure *Failure `json:"last_failure,omitempty"`
 	// Evidence counts events that changed nothing but were kept: late
 	// outcomes of lost leases and rejected intents.
 	Evidence       int             `json:"evidence,omitempty"`
@@ -182,6 +185,10 @@ func Apply(op Operation, e Envelope) (Operation, error) {
 		}
 	}
 
+	if e.Type != AttemptFailed && e.Type != AttemptStarted && e.Type != IntentRejected {
+		// Any later outcome or decision replaces the failure as the news.
+		next.LastFailure = nil
+	}
 	switch d := d.(type) {
 	case *IntentData:
 		if op.Seq != 0 {
@@ -230,6 +237,7 @@ func Apply(op Operation, e Envelope) (Operation, error) {
 	case *AttemptFailedData:
 		next.LeaseOwner, next.LeaseUntil = "", nil
 		next.LastErrorClass = d.ErrorClass
+		next.LastFailure = &Failure{Kind: d.Kind, StatusCode: d.StatusCode, Response: d.Response}
 		next.LastOutcomeAt = &at
 		if d.Kind == Retryable && d.RetryAt != nil {
 			next.Status, next.DueAt = StatusPending, utcPtr(*d.RetryAt)

@@ -191,7 +191,7 @@ func TestApplyTransitions(t *testing.T) {
 			o.Status, o.Phase = events.StatusCompleted, events.PhaseAttempt
 			o.Result, o.DownstreamID, o.UndoRef = json.RawMessage(result), id, undo
 			o.LeaseOwner, o.LeaseUntil, o.DueAt = "", nil, nil
-			o.LastErrorClass = ""
+			o.LastErrorClass, o.LastFailure = "", nil
 			o.LastOutcomeAt = timePtr(at)
 		}
 	}
@@ -302,6 +302,7 @@ func TestApplyTransitions(t *testing.T) {
 				o.Status, o.DueAt = events.StatusFailed, nil
 				o.LeaseOwner, o.LeaseUntil = "", nil
 				o.LastErrorClass, o.LastOutcomeAt = "http_422", timePtr(at)
+				o.LastFailure = &events.Failure{Kind: events.Final}
 			}},
 		{"retryable failure with retry_at is pending and due then, in UTC", events.Irreversible, hRunning1,
 			failedStep(1, events.Retryable, timePtr(retryAt.In(cet))),
@@ -309,12 +310,14 @@ func TestApplyTransitions(t *testing.T) {
 				o.Status, o.DueAt = events.StatusPending, timePtr(retryAt)
 				o.LeaseOwner, o.LeaseUntil = "", nil
 				o.LastErrorClass, o.LastOutcomeAt = "http_503", timePtr(at)
+				o.LastFailure = &events.Failure{Kind: events.Retryable}
 			}},
 		{"retryable failure without retry_at (caps spent) fails", events.Idempotent, hRunning1, failedStep(1, events.Retryable, nil),
 			func(o *events.Operation, at time.Time) {
 				o.Status, o.DueAt = events.StatusFailed, nil
 				o.LeaseOwner, o.LeaseUntil = "", nil
 				o.LastErrorClass, o.LastOutcomeAt = "http_503", timePtr(at)
+				o.LastFailure = &events.Failure{Kind: events.Retryable}
 			}},
 		{"late failure of an older attempt is evidence", events.Idempotent, hRunning2, failedStep(1, events.Final, nil), evidence},
 		{"failure when nothing runs is evidence", events.Irreversible, hNeedsRec, failedStep(1, events.Final, nil), evidence},

@@ -76,6 +76,10 @@ func TestSchemasAreEmbedded(t *testing.T) {
 	for _, typ := range events.Types() {
 		want = append(want, schemaFile(typ))
 	}
+	want = append(want, "workflow.envelope.schema.json")
+	for _, typ := range events.WorkflowTypes() {
+		want = append(want, string(typ)+".schema.json")
+	}
 	names := make([]string, 0, len(got))
 	for n := range got {
 		names = append(names, n)

@@ -171,12 +171,20 @@ func ParseAction(s string) (Action, error) {
 	return "", fmt.Errorf("unknown action %q (want record_success, retry, compensate or abandon)", s)
 }
 
-// Topic names (contract); a deployment may replace the "effectline." prefix.
+// Topic names (contract): a topic's full name is a prefix, by default
+// DefaultTopicPrefix, and one of these suffixes.
 const (
 	TopicIntents     = "intents"
 	TopicOutcomes    = "outcomes"
 	TopicEscalations = "escalations"
+	// TopicIntentsDLQ holds copies of the messages on the intents topic
+	// that could never become an operation (dead letters).
+	TopicIntentsDLQ = TopicIntents + ".dlq"
 )
+
+// DefaultTopicPrefix is the prefix of the contract's topic names; a
+// deployment may replace it.
+const DefaultTopicPrefix = "effectline."
 
 // TopicFor says which topic an event is published to, by its suffix. The
 // intent goes to the executor's topic and also to outcomes, so a consumer of

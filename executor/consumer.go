@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-
-	"github.com/IBM/sarama"
+	"slices"
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/store"
 )
 
@@ -30,24 +30,24 @@ import (
 // that claim conflict, and the slow path reads the head and decides from
 // what is journaled. An error leaves the batch uncommitted, to be handed
 // over again: that happens only when the store is unreachable.
-func (e *Executor) handleIntent(ctx context.Context, msg *sarama.ConsumerMessage) error {
-	env, err := events.Decode(msg.Value)
-	if err != nil {
-		// A malformed message can never become valid: record it and move
-		// on, so it does not block the partition. Its payload is not logged.
-		e.tel.malformed(ctx)
-		e.log.WarnContext(ctx, "rejected a malformed intent message",
-			"kafka_key", string(msg.Key), "partition", msg.Partition, "offset", msg.Offset, "error", err)
-		return nil
+func (e *Executor) handleIntent(ctx context.Context, msg *kafka.Message) error {
+	env, ok := msg.Event()
+	if !ok {
+		return nil // rejected: the consumer dead-letters it
 	}
 	if env.Type != events.IntentRecorded {
-		e.tel.malformed(ctx)
-		e.log.WarnContext(ctx, "ignored a non-intent event on the intents topic",
-			"operation_key", env.OperationKey, "event_type", env.Type)
+		msg.Reject(RejectNotAnIntent, fmt.Errorf("a %s event on the intents topic", env.Type))
 		return nil
 	}
-	traceparent := kafka.HeaderValue(msg.Headers, kafka.HeaderTraceparent)
-	ctx = kafka.ContextWithTraceparent(ctx, traceparent)
+	if string(msg.Key) != env.OperationKey {
+		// The key picks the partition, and one operation's messages must
+		// share one or their order is lost.
+		msg.Reject(RejectKeyMismatch, fmt.Errorf("message key %q is not the operation key %q",
+			truncateKey(string(msg.Key)), env.OperationKey))
+		return nil
+	}
+	ctx = msg.Context(ctx)
+	tp := traceparent.FromContext(ctx)
 	if op, err := events.Apply(events.Operation{}, env); err == nil {
 		// Until the claim commits it is unknown whether the intent is
 		// journaled at all, so any error but the conflict keeps the message.
@@ -55,11 +55,51 @@ func (e *Executor) handleIntent(ctx context.Context, msg *sarama.ConsumerMessage
 			return err
 		}
 	}
-	op, fresh, err := e.ensureIntent(ctx, env, traceparent)
+	op, fresh, err := e.ensureIntent(ctx, msg, env, tp)
 	if err != nil || !fresh {
 		return err
 	}
 	return e.advanceError(ctx, env.OperationKey, e.advance(ctx, op, advanceImmediate))
+}
+
+// Reasons the executor dead-letters a message of the intents topic, beside
+// kafka.RejectNotJSON and kafka.RejectInvalidEnvelope. Each is the value of
+// the dead letter's effectline_error header.
+const (
+	// RejectNotAnIntent: a valid event, but not intent.recorded.
+	RejectNotAnIntent = "not_an_intent"
+	// RejectKeyMismatch: the message key is not the envelope's operation key.
+	RejectKeyMismatch = "key_mismatch"
+	// RejectUnknownTool: a direct intent names a tool that is not registered.
+	RejectUnknownTool = "unknown_tool"
+	// RejectPrincipalNotAllowed: a direct intent names a principal outside
+	// Config.KafkaPrincipals.
+	RejectPrincipalNotAllowed = "principal_not_allowed"
+)
+
+func truncateKey(k string) string {
+	if len(k) > events.MaxOperationKeyBytes {
+		return k[:events.MaxOperationKeyBytes] + "…"
+	}
+	return k
+}
+
+// refuseDirect says why a direct intent (one produced straight to Kafka,
+// that no journaled intent of its principal vouches for) may not become an
+// operation, or "". Only a direct intent is checked here: an intent the
+// outbox or the API journaled was accepted there, and its redeliveries are
+// what they were.
+func (e *Executor) refuseDirect(env events.Envelope, intent *events.IntentData, journaled bool) (string, error) {
+	if len(e.cfg.KafkaPrincipals) > 0 && !slices.Contains(e.cfg.KafkaPrincipals, intent.Principal) {
+		return RejectPrincipalNotAllowed, fmt.Errorf("principal %q may not produce intents to Kafka", intent.Principal)
+	}
+	if journaled {
+		return "", nil
+	}
+	if _, known := e.tools.Get(env.Tool); !known {
+		return RejectUnknownTool, fmt.Errorf("tool %q is not registered", env.Tool)
+	}
+	return "", nil
 }
 
 // advanceError turns a failure to advance a journaled intent into a log
@@ -77,7 +117,10 @@ func (e *Executor) advanceError(ctx context.Context, key string, err error) erro
 // finds the one the outbox journaled. fresh is false when the message is not
 // this operation's intent (another payload under the same key): that
 // message becomes an intent.rejected event, never an execution.
-func (e *Executor) ensureIntent(ctx context.Context, env events.Envelope, traceparent string) (op events.Operation, fresh bool, err error) {
+//
+// A direct intent that refuseDirect refuses is rejected instead: nothing is
+// journaled for it, and fresh is false.
+func (e *Executor) ensureIntent(ctx context.Context, msg *kafka.Message, env events.Envelope, traceparent string) (op events.Operation, fresh bool, err error) {
 	d, err := env.DecodeData()
 	if err != nil {
 		return op, false, err
@@ -89,8 +132,21 @@ func (e *Executor) ensureIntent(ctx context.Context, env events.Envelope, tracep
 	}
 	for range maxConflicts {
 		op, err = e.store.Load(ctx, env.OperationKey)
+		if tomb, ok := store.AsPruned(err); ok {
+			// The operation settled long ago and was pruned (the claim
+			// above conflicted with its tombstone): never run it again.
+			e.prunedIntent(ctx, tomb, hash)
+			return op, false, nil
+		}
+		notFound := errors.Is(err, store.ErrNotFound)
+		if notFound || err == nil && op.Principal != intent.Principal {
+			if reason, why := e.refuseDirect(env, intent, !notFound); reason != "" {
+				msg.Reject(reason, why)
+				return op, false, nil
+			}
+		}
 		switch {
-		case errors.Is(err, store.ErrNotFound):
+		case notFound:
 			op, err = e.committer.Append(ctx, store.Append{
 				Events: []events.Envelope{env}, Traceparent: traceparent, TopicPrefix: e.cfg.Kafka.TopicPrefix,
 			})
@@ -127,49 +183,4 @@ func (e *Executor) ensureIntent(ctx context.Context, env events.Envelope, tracep
 		return op, false, nil
 	}
 	return op, false, fmt.Errorf("journaling the intent of %s: %w", env.OperationKey, errTooManyConflicts)
-}
-
-// poll runs due steps: retries whose backoff ended, compensations, intents
-// whose message never arrived, approvals. It also serves kicks, the
-// in-process shortcut for steps due within a poll or two.
-func (e *Executor) poll(ctx context.Context) {
-	t := newTicker(e.cfg.PollInterval)
-	defer t.Stop()
-	for {
-		e.pollOnce(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case key := <-e.kicks:
-			go func() {
-				if err := e.advanceKey(ctx, key); err != nil && ctx.Err() == nil {
-					e.log.WarnContext(ctx, "advancing a kicked operation failed", "operation_key", key, "error", err)
-				}
-			}()
-		}
-	}
-}
-
-func (e *Executor) pollOnce(ctx context.Context) int {
-	keys, err := e.store.DueOperations(ctx, e.cfg.Now(), e.cfg.PollBatch)
-	if err != nil {
-		if ctx.Err() == nil {
-			e.log.WarnContext(ctx, "polling due operations failed", "error", err)
-		}
-		return 0
-	}
-	done := make(chan struct{}, len(keys))
-	for _, key := range keys {
-		go func() {
-			defer func() { done <- struct{}{} }()
-			if err := e.advanceKey(ctx, key); err != nil && ctx.Err() == nil {
-				e.log.WarnContext(ctx, "advancing a due operation failed", "operation_key", key, "error", err)
-			}
-		}()
-	}
-	for range keys {
-		<-done
-	}
-	return len(keys)
 }

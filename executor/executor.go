@@ -16,12 +16,9 @@ import (
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
 )
@@ -52,6 +49,12 @@ type Config struct {
 	// ends; calls still running then are cancelled and journaled as Unknown.
 	// Default 10s.
 	ShutdownGrace time.Duration
+	// KafkaPrincipals, when not empty, are the only principals an intent
+	// produced straight to the intents topic may name; a direct intent
+	// naming another is dead-lettered. Intents journaled by the outbox or
+	// the API are not checked against it. Empty: any principal (the tools'
+	// own allowed_principals still apply at execution time).
+	KafkaPrincipals []string
 	// Committer, if set, is shared with other components of the process so
 	// their appends share commits; otherwise the executor runs its own.
 	Committer *store.Committer
@@ -61,12 +64,9 @@ type Config struct {
 	// the process there. Nil in production.
 	CrashPoint func(point string)
 
-	Logger         *slog.Logger
-	TracerProvider trace.TracerProvider
-	MeterProvider  metric.MeterProvider
-	// Now and Rand are for tests.
-	Now  func() time.Time
-	Rand func() float64
+	// Base is where the component logs, traces and counts, and its clock
+	// and randomness; unset fields default (service.Base.WithDefaults).
+	service.Base
 }
 
 // WithDefaults fills unset fields.
@@ -93,21 +93,7 @@ func (c Config) WithDefaults() Config {
 	if c.ShutdownGrace <= 0 {
 		c.ShutdownGrace = 10 * time.Second
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.TracerProvider == nil {
-		c.TracerProvider = otel.GetTracerProvider()
-	}
-	if c.MeterProvider == nil {
-		c.MeterProvider = otel.GetMeterProvider()
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-	if c.Rand == nil {
-		c.Rand = rand.Float64
-	}
+	c.Base = c.Base.WithDefaults()
 	c.Kafka = c.Kafka.WithDefaults()
 	return c
 }
@@ -152,7 +138,7 @@ func New(st *store.Store, tools Tools, cfg Config) (*Executor, error) {
 	if st == nil || tools == nil {
 		return nil, errors.New("executor: a store and a tools registry are required")
 	}
-	tel, err := newTelemetry(cfg.TracerProvider, cfg.MeterProvider)
+	tel, err := newTelemetry(cfg.Base)
 	if err != nil {
 		return nil, fmt.Errorf("executor: %w", err)
 	}
@@ -184,8 +170,12 @@ func (e *Executor) Run(ctx context.Context) error {
 
 	intakeCtx, stopIntake := context.WithCancel(ctx)
 	defer stopIntake()
-	intake, err := kafka.NewBatchConsumer(e.cfg.Kafka, e.cfg.Group, e.cfg.Kafka.Topic(events.TopicIntents),
-		e.cfg.Concurrency, kafka.Concurrently(e.handleIntent), e.cfg.Logger)
+	// A message that can never become an operation is copied to the
+	// dead-letter topic, and the partition moves on.
+	intake, err := kafka.NewBatchConsumer(e.cfg.Kafka, kafka.ConsumerConfig{
+		Group: e.cfg.Group, Topic: e.cfg.Kafka.Topic(events.TopicIntents), MaxBatch: e.cfg.Concurrency,
+		DeadLetters: true, Logger: e.cfg.Logger, MeterProvider: e.cfg.MeterProvider,
+	}, kafka.Concurrently(e.handleIntent))
 	if err != nil {
 		return fmt.Errorf("executor: %w", err)
 	}

@@ -18,8 +18,11 @@ import (
 	"github.com/effectline/effectline/executor"
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/internal/testenv/storedb"
+	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
+	"github.com/effectline/effectline/tool/httptool"
 )
 
 // env is one test's world: a fresh database, an embedded broker, a fake
@@ -68,11 +71,8 @@ tools:
 
 func setup(t *testing.T, opts ...testenv.FakeOption) *env {
 	t.Helper()
-	pool := testenv.NewPool(t, testenv.NewDatabase(t))
+	pool := testenv.NewPool(t, storedb.New(t))
 	ctx := context.Background()
-	if _, err := store.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
 	broker := testenv.NewBroker(t)
 	kc := kafka.Config{Brokers: broker.Addrs, Partitions: 3}
 	if err := kafka.EnsureTopics(ctx, kc); err != nil {
@@ -81,7 +81,7 @@ func setup(t *testing.T, opts ...testenv.FakeOption) *env {
 	fake := testenv.NewFakeTool(t, opts...)
 	yaml := strings.ReplaceAll(toolsYAML, "{{.URL}}", fake.URL)
 	yaml = strings.ReplaceAll(yaml, `{{"{{.Key}}"}}`, "{{.Key}}")
-	reg, err := tool.Parse([]byte(yaml), os.Getenv)
+	reg, err := httptool.Parse([]byte(yaml), os.Getenv)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,8 +93,7 @@ func (e *env) start(mod ...func(*executor.Config)) {
 	e.t.Helper()
 	cfg := executor.Config{
 		Kafka: e.kafka, Lease: 5 * time.Second, PollInterval: 50 * time.Millisecond,
-		ShutdownGrace: time.Second, Logger: testLogger(e.t),
-		Now: func() time.Time { return time.Now().Add(time.Duration(e.skew.Load())) },
+		ShutdownGrace: time.Second, Base: service.Base{Logger: testLogger(e.t), Now: func() time.Time { return time.Now().Add(time.Duration(e.skew.Load())) }},
 	}
 	for _, m := range mod {
 		m(&cfg)
@@ -138,7 +137,7 @@ func (e *env) produce(key, toolName string, class events.EffectClass, args strin
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	msg := kafka.ProducerMessage(kafka.Record{Topic: e.kafka.Topic(events.TopicIntents), Envelope: ev, Raw: raw})
+	msg := kafka.ProducerMessage(kafka.EventRecord(context.Background(), e.kafka.Topic(events.TopicIntents), ev, raw))
 	headers := map[string]string{}
 	for _, h := range msg.Headers {
 		headers[string(h.Key)] = string(h.Value)
@@ -481,13 +480,14 @@ func TestProducerChosenEventIDs(t *testing.T) {
 }
 
 // TestExecutionTimeChecks: intents produced straight to Kafka are checked
-// again at execution time; each rejection is final and journaled.
+// again at execution time; each rejection is final and journaled. (One
+// naming an unknown tool never becomes an operation: it is a dead letter,
+// TestPoisonMessagesAreDeadLettered.)
 func TestExecutionTimeChecks(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	e.start()
 	cases := []struct{ key, tool, args, class string }{
-		{"unknown-tool", "nope.tool", `{}`, "unknown_tool"},
 		{"bad-args", "payments.charge", `{"amount":0}`, "invalid_args"},
 		{"wrong-class", "payments.charge", `{"amount":1}`, "effect_class_mismatch"},
 	}

@@ -10,8 +10,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/metrics"
+	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/policy"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
@@ -46,6 +46,11 @@ func (e *Executor) runAttempt(ctx context.Context, span trace.Span, op events.Op
 	// with the card number) must not carry sensitive args into it.
 	res.Body = tool.Scrub(t.Spec(), op.Args, res.Body)
 	now := e.cfg.Now()
+	if res.Outcome == events.Failed {
+		// A rejection's body is journaled for the agent to read: redacted
+		// like evidence (it may echo the args) and capped.
+		res.Body = events.CapResponse(t.Spec().RedactEcho(op.Args, res.Body))
+	}
 	spec := withEvidence(outcomeSpec(op, res, t.Spec().Caps, now, e.cfg.Rand), g.evidence)
 	next := e.record(ctx, op, spec)
 	e.crashPoint(PointAfterJournal)
@@ -87,7 +92,7 @@ func attemptFailed(op events.Operation, res tool.Result, retryAt *time.Time) eve
 	}
 	return eventSpec{typ: events.AttemptFailed, attempt: max(op.Attempt, 1), data: &events.AttemptFailedData{
 		Kind: kind, ErrorClass: orDefault(res.ErrorClass, "failed"), Error: errText(res.Err),
-		StatusCode: res.StatusCode, RetryAt: retryAt,
+		StatusCode: res.StatusCode, RetryAt: retryAt, Response: res.Body,
 	}}
 }
 
@@ -153,7 +158,7 @@ func (e *Executor) record(ctx context.Context, claimed events.Operation, spec ev
 		if err == nil {
 			var next events.Operation
 			next, err = e.committer.Append(ctx, store.Append{
-				Base: base, Events: evs, Traceparent: kafka.TraceparentFrom(ctx), TopicPrefix: e.cfg.Kafka.TopicPrefix,
+				Base: base, Events: evs, Traceparent: traceparent.FromContext(ctx), TopicPrefix: e.cfg.Kafka.TopicPrefix,
 			})
 			if err == nil {
 				return next
@@ -162,6 +167,14 @@ func (e *Executor) record(ctx context.Context, claimed events.Operation, spec ev
 		switch {
 		case store.IsConflict(err):
 			cur, lerr := e.store.Load(ctx, claimed.Key)
+			if _, pruned := store.AsPruned(lerr); pruned {
+				// Settled and pruned while this call ran longer than the
+				// tool's dedup window: the journal that could keep the
+				// outcome as evidence is gone.
+				e.log.ErrorContext(ctx, "outcome of a pruned operation could not be journaled", "operation_key", claimed.Key,
+					"event_type", spec.typ, "attempt", spec.attempt)
+				return base
+			}
 			if lerr != nil {
 				err = lerr
 				break

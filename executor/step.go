@@ -9,7 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
 )
@@ -163,7 +163,7 @@ func (e *Executor) advanceKey(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	return e.advance(kafka.ContextWithTraceparent(ctx, tp), op, advanceDue)
+	return e.advance(traceparent.ContextWith(ctx, tp), op, advanceDue)
 }
 
 // advanceMode says what triggered an advance.
@@ -230,7 +230,7 @@ func (e *Executor) advance(ctx context.Context, op events.Operation, mode advanc
 			spanCtx, span = e.tel.startStep(ctx, op, st)
 		}
 		next, err := e.committer.Append(ctx, store.Append{
-			Base: op, Events: st.events, Traceparent: kafka.TraceparentFrom(spanCtx), TopicPrefix: e.cfg.Kafka.TopicPrefix,
+			Base: op, Events: st.events, Traceparent: traceparent.FromContext(spanCtx), TopicPrefix: e.cfg.Kafka.TopicPrefix,
 			IntentEventID: mode.intentEventID,
 			// A claim's event can wait for the outcome's to be published.
 			Unhurried: st.kind != stepJournal,

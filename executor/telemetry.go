@@ -11,6 +11,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/metrics"
+	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/tool"
 )
 
@@ -35,15 +36,15 @@ type telemetry struct {
 	attempts  metric.Int64Counter
 	unknowns  metric.Int64Counter
 	journaled metric.Int64Counter
-	bad       metric.Int64Counter
 	intents   metric.Int64Counter
+	pruned    metric.Int64Counter
 	e2e       metric.Float64Histogram
 	callTime  metric.Float64Histogram
 }
 
-func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
-	m := mp.Meter(instrumentation)
-	t := &telemetry{tracer: tp.Tracer(instrumentation)}
+func newTelemetry(base service.Base) (*telemetry, error) {
+	tracer, m := base.Instruments(instrumentation)
+	t := &telemetry{tracer: tracer}
 	if err := metrics.Counters(m,
 		metrics.Counter{Into: &t.attempts, Name: "effectline.attempts",
 			Description: "Tool calls finished, by tool, effect class and outcome."},
@@ -51,10 +52,10 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry,
 			Description: "Calls whose outcome is unknown: the effect may have happened."},
 		metrics.Counter{Into: &t.journaled, Name: "effectline.executor.steps",
 			Description: "Steps the executor journaled, by kind."},
-		metrics.Counter{Into: &t.bad, Name: "effectline.executor.malformed_messages",
-			Description: "Messages on the intents topic that were not valid intents."},
 		metrics.Counter{Into: &t.intents, Name: "effectline.executor.intents_from_kafka",
 			Description: "Intents produced straight to Kafka and journaled by the executor."},
+		metrics.Counter{Into: &t.pruned, Name: "effectline.executor.pruned_intents",
+			Description: "Intent messages for pruned operations, by result (duplicate, payload_conflict); none runs."},
 	); err != nil {
 		return nil, err
 	}
@@ -129,5 +130,4 @@ func (t *telemetry) recordJournal(ctx context.Context, op events.Operation, st s
 	}
 }
 
-func (t *telemetry) malformed(ctx context.Context)       { t.bad.Add(ctx, 1) }
 func (t *telemetry) intentJournaled(ctx context.Context) { t.intents.Add(ctx, 1) }

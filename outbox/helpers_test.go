@@ -18,6 +18,7 @@ import (
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/internal/testenv/storedb"
 	"github.com/effectline/effectline/outbox"
 	"github.com/effectline/effectline/store"
 )
@@ -33,11 +34,8 @@ type harness struct {
 
 func setup(t testing.TB, brokerOpts ...testenv.BrokerOption) *harness {
 	t.Helper()
-	dbURL := testenv.NewDatabase(t)
+	dbURL := storedb.New(t)
 	pool := testenv.NewPool(t, dbURL)
-	if _, err := store.Migrate(context.Background(), pool); err != nil {
-		t.Fatal(err)
-	}
 	broker := testenv.NewBroker(t, brokerOpts...)
 	h := &harness{url: dbURL, pool: pool, store: store.New(pool), broker: broker}
 	h.kcfg = kafka.Config{Brokers: broker.Addrs, Partitions: 3, ConnectTimeout: 10 * time.Second}
@@ -343,8 +341,8 @@ type countingPublisher struct {
 	after func(n int, err error) error
 }
 
-func (p *countingPublisher) Send(recs []kafka.Record) error {
-	err := p.next.Send(recs)
+func (p *countingPublisher) Send(ctx context.Context, recs []kafka.Record) error {
+	err := p.next.Send(ctx, recs)
 	p.mu.Lock()
 	p.sends++
 	n := p.sends

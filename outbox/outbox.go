@@ -25,7 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/store"
 )
 
@@ -105,6 +105,12 @@ type Appended struct {
 	// Created is false when the key was already recorded with the same
 	// call: a retry of the agent service's own step, which is not an error.
 	Created bool
+	// Pruned is true when the key belongs to an operation that settled
+	// longer ago than its tool's dedup window and was pruned: Operation then
+	// holds only what the tombstone keeps (key, tool, payload hash, final
+	// status, when it settled, downstream id), and the intent never runs
+	// again.
+	Pruned bool
 }
 
 // NotifyChannel is the PostgreSQL channel the relay LISTENs on when
@@ -141,7 +147,7 @@ func AppendMany(ctx context.Context, tx pgx.Tx, ins []Intent) ([]Appended, error
 //
 // A key already recorded with the same args (equal payload hash), tool and
 // effect class is not an error: Append returns the recorded operation with
-// Created false. A key recorded for another call returns a
+// Created false (and Pruned true if only its tombstone is left). A key recorded for another call returns a
 // *PayloadConflictError. Neither writes anything, and neither aborts tx: the
 // insert is an INSERT … ON CONFLICT DO NOTHING, so the caller may go on and
 // commit its business write.
@@ -175,9 +181,9 @@ func (w Writer) AppendMany(ctx context.Context, tx pgx.Tx, ins []Intent) ([]Appe
 	}
 	prefix := w.TopicPrefix
 	if prefix == "" {
-		prefix = kafka.DefaultTopicPrefix
+		prefix = events.DefaultTopicPrefix
 	}
-	traceparent := kafka.TraceparentFrom(ctx)
+	tp := traceparent.FromContext(ctx)
 
 	appends := make([]store.Append, len(ins))
 	hashes := make([]string, len(ins))
@@ -192,7 +198,7 @@ func (w Writer) AppendMany(ctx context.Context, tx pgx.Tx, ins []Intent) ([]Appe
 		if err != nil {
 			return nil, intentErr(i, len(ins), in, err)
 		}
-		appends[i] = store.Append{Events: []events.Envelope{env}, Traceparent: traceparent, TopicPrefix: prefix}
+		appends[i] = store.Append{Events: []events.Envelope{env}, Traceparent: tp, TopicPrefix: prefix}
 	}
 
 	results, err := store.AppendBatchTx(ctx, tx, appends)
@@ -222,12 +228,20 @@ func (w Writer) AppendMany(ctx context.Context, tx pgx.Tx, ins []Intent) ([]Appe
 	if err != nil {
 		return nil, fmt.Errorf("recording %d intents: %w", len(ins), err)
 	}
+	tombs, err := prunedAmong(ctx, tx, existing, ops)
+	if err != nil {
+		return nil, fmt.Errorf("recording %d intents: %w", len(ins), err)
+	}
 	for i, r := range results {
 		if r.Err == nil {
 			continue
 		}
 		in := ins[i]
 		op, ok := ops[in.OperationKey]
+		if tomb, pruned := tombs[in.OperationKey]; !ok && pruned {
+			op, ok = tomb.Operation(), true
+			out[i].Pruned = true
+		}
 		if !ok {
 			// Only possible if the operation was deleted in between.
 			return nil, intentErr(i, len(ins), in, fmt.Errorf("operation vanished after an append conflict: %w", store.ErrNotFound))
@@ -235,7 +249,7 @@ func (w Writer) AppendMany(ctx context.Context, tx pgx.Tx, ins []Intent) ([]Appe
 		if err := sameCall(op, in, hashes[i]); err != nil {
 			return nil, intentErr(i, len(ins), in, err)
 		}
-		out[i] = Appended{Operation: op, Created: false}
+		out[i] = Appended{Operation: op, Created: false, Pruned: out[i].Pruned}
 	}
 	return out, nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/outbox"
+	"github.com/effectline/effectline/service"
 )
 
 func TestOperationKey(t *testing.T) {
@@ -120,7 +121,7 @@ func TestAppendIsPartOfTheCallersTransaction(t *testing.T) {
 	agentCtx, agentSpan := tp.Tracer("agent").Start(ctx, "agent step")
 	defer agentSpan.End()
 
-	relay := outbox.NewRelay(h.store, h.producer(t), outbox.RelayConfig{TracerProvider: tp, Logger: newTestLogger(t).logs})
+	relay := outbox.NewRelay(h.store, h.producer(t), outbox.RelayConfig{Base: service.Base{TracerProvider: tp, Logger: newTestLogger(t).logs}})
 	runRelay(t, relay)
 
 	businessTx := func(orderID string, commit bool) {

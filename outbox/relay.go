@@ -12,14 +12,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/traceparent"
+	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
 )
@@ -30,7 +30,7 @@ import (
 // before it in records that goes to the same partition: a failed Send leaves
 // each partition with a prefix of its records. *kafka.Producer satisfies it.
 type Publisher interface {
-	Send(records []kafka.Record) error
+	Send(ctx context.Context, records []kafka.Record) error
 }
 
 // RelayConfig tunes a Relay.
@@ -48,14 +48,9 @@ type RelayConfig struct {
 	// own, so writers that call Notify wake it at once. Off by default; see
 	// Relay for what NOTIFY costs.
 	Listen bool
-	// Logger receives the relay's logs. Default slog.Default().
-	Logger *slog.Logger
-	// TracerProvider makes the "relay publish" spans. Default: the global
-	// provider.
-	TracerProvider trace.TracerProvider
-	// MeterProvider serves the outbox backlog gauges (MetricOutboxBacklog,
-	// MetricOutboxLag) while Run runs. Default: the global provider.
-	MeterProvider metric.MeterProvider
+	// Base is where the component logs, traces and counts, and its clock
+	// and randomness; unset fields default (service.Base.WithDefaults).
+	service.Base
 
 	// IntentsTopic is the full name of the intents topic, the only one an
 	// intent is published to with its args whole (the executor needs
@@ -93,17 +88,9 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 	if c.MaxBackoff <= 0 {
 		c.MaxBackoff = DefaultMaxBackoff
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.TracerProvider == nil {
-		c.TracerProvider = otel.GetTracerProvider()
-	}
-	if c.MeterProvider == nil {
-		c.MeterProvider = otel.GetMeterProvider()
-	}
+	c.Base = c.Base.WithDefaults()
 	if c.IntentsTopic == "" {
-		c.IntentsTopic = kafka.DefaultTopicPrefix + events.TopicIntents
+		c.IntentsTopic = events.DefaultTopicPrefix + events.TopicIntents
 	}
 	if c.RedactArgs == nil {
 		c.RedactArgs = func(_ string, args json.RawMessage) json.RawMessage { return tool.Scrub(nil, args, args) }
@@ -258,42 +245,19 @@ func (r *Relay) Run(ctx context.Context) error {
 		}()
 	}
 
-	ticker := time.NewTicker(r.cfg.PollInterval)
-	defer ticker.Stop()
-	var streak errStreak
-	for {
-		published, err := r.runOnce(ctx)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			r.errors.Add(1)
-			if streak.failures == 0 {
-				r.log.ErrorContext(ctx, "outbox relay: publishing failed; retrying with backoff", "error", err)
-			}
-			streak.fail()
-			// The wait ignores wake-ups: during an outage every commit
-			// would otherwise trigger an attempt.
-			if !sleep(ctx, backoff(streak.failures, r.cfg.MaxBackoff)) {
-				return nil
-			}
-			continue
-		}
-		if streak.failures > 0 {
-			r.log.InfoContext(ctx, "outbox relay: publishing again",
-				"failed_attempts", streak.failures, "outage", time.Since(streak.since).Round(time.Millisecond))
-			streak = errStreak{}
-		}
-		if published > 0 {
-			r.log.DebugContext(ctx, "outbox relay: published", "events", published)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-ticker.C:
-		case <-r.wake:
-		}
-	}
+	service.Loop{
+		Name: "outbox relay: publishing", Did: "outbox relay: published", DidLevel: slog.LevelDebug,
+		Interval: r.cfg.PollInterval,
+		Backoff:  service.Backoff{Base: baseBackoff, Max: r.cfg.MaxBackoff},
+		Wake:     r.wake,
+		RunOnce: func(ctx context.Context) (service.Counts, error) {
+			published, err := r.runOnce(ctx)
+			return service.Counts{{Name: "events", N: published}}, err
+		},
+		OnError: func(error) { r.errors.Add(1) },
+		Base:    service.Base{Logger: r.log},
+	}.Run(ctx)
+	return nil
 }
 
 type errStreak struct {
@@ -306,20 +270,6 @@ func (s *errStreak) fail() {
 		s.since = time.Now()
 	}
 	s.failures++
-}
-
-// backoff returns the wait after the nth consecutive failure: doubling from
-// baseBackoff, capped at max, with "equal jitter" (half fixed, half random).
-// The fixed half is what bounds the attempt rate; the random half keeps
-// relays that failed together from retrying together.
-func backoff(n int, max time.Duration) time.Duration {
-	d := baseBackoff
-	for i := 1; i < n && d < max; i++ {
-		d *= 2
-	}
-	d = min(d, max)
-	half := d / 2
-	return half + rand.N(half+1)
 }
 
 // sleep waits d or until ctx is done, reporting whether d passed.
@@ -375,7 +325,7 @@ func (r *Relay) publish(ctx context.Context, evs []store.OutboxEvent) error {
 		// message carries the span's context, so the consumer's span is a
 		// child of this publish. Without an SDK the tracer is a no-op that
 		// passes the stored context through unchanged.
-		sctx, span := r.tracer.Start(kafka.ContextWithTraceparent(ctx, e.Traceparent), "relay publish",
+		sctx, span := r.tracer.Start(traceparent.ContextWith(ctx, e.Traceparent), "relay publish",
 			trace.WithSpanKind(trace.SpanKindProducer),
 			trace.WithAttributes(
 				attribute.String("messaging.system", "kafka"),
@@ -384,10 +334,6 @@ func (r *Relay) publish(ctx context.Context, evs []store.OutboxEvent) error {
 				attribute.String("effectline.event_type", string(e.Envelope.Type)),
 				attribute.Int64("effectline.seq", e.Envelope.Seq),
 			))
-		tp := kafka.TraceparentFrom(sctx)
-		if tp == "" {
-			tp = e.Traceparent
-		}
 		spans[i] = span
 		env, raw := e.Envelope, e.Raw
 		if env.Type == events.IntentRecorded && e.Topic != r.cfg.IntentsTopic {
@@ -399,9 +345,11 @@ func (r *Relay) publish(ctx context.Context, evs []store.OutboxEvent) error {
 				return err
 			}
 		}
-		records[i] = kafka.Record{Topic: e.Topic, Envelope: env, Raw: raw, Traceparent: tp}
+		// The headers carry sctx's trace context as the process's
+		// propagator writes it (traceparent, tracestate, baggage).
+		records[i] = kafka.EventRecord(sctx, e.Topic, env, raw)
 	}
-	err := r.pub.Send(records)
+	err := r.pub.Send(ctx, records)
 	for _, s := range spans {
 		if err != nil {
 			s.RecordError(err)
@@ -448,7 +396,7 @@ func (r *Relay) listen(ctx context.Context) {
 			r.log.WarnContext(ctx, "outbox relay: LISTEN connection lost; polling until it is back", "error", err)
 		}
 		streak.fail()
-		if !sleep(ctx, backoff(streak.failures, r.cfg.MaxBackoff)) {
+		if !sleep(ctx, service.Backoff{Base: baseBackoff, Max: r.cfg.MaxBackoff}.After(streak.failures, rand.Float64)) {
 			return
 		}
 	}

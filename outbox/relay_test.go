@@ -15,6 +15,7 @@ import (
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/testenv"
 	"github.com/effectline/effectline/outbox"
+	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/store"
 )
 
@@ -49,7 +50,7 @@ func TestRelayRepublishesWhenTheMarkIsLost(t *testing.T) {
 				}
 				return nil
 			}
-			relay := outbox.NewRelay(store.New(relayPool), pub, outbox.RelayConfig{BatchSize: 100, Logger: newTestLogger(t).logs})
+			relay := outbox.NewRelay(store.New(relayPool), pub, outbox.RelayConfig{BatchSize: 100, Base: service.Base{Logger: newTestLogger(t).logs}})
 			runRelay(t, relay)
 
 			want := len(keys) * eventsPerOp
@@ -89,7 +90,7 @@ func TestRelayBrokerOutage(t *testing.T) {
 
 	logs := newTestLogger(t)
 	pub := &countingPublisher{next: h.producer(t)}
-	relay := outbox.NewRelay(h.store, pub, outbox.RelayConfig{BatchSize: 100, MaxBackoff: 2 * time.Second, Logger: logs.logs})
+	relay := outbox.NewRelay(h.store, pub, outbox.RelayConfig{BatchSize: 100, MaxBackoff: 2 * time.Second, Base: service.Base{Logger: logs.logs}})
 	runRelay(t, relay)
 
 	before := opKeys("before", 50)
@@ -147,7 +148,7 @@ func TestRelaysConcurrently(t *testing.T) {
 	var relays []*outbox.Relay
 	for i := range 2 {
 		pool := h.poolNamed(t, fmt.Sprintf("relay-%d", i))
-		r := outbox.NewRelay(store.New(pool), h.producer(t), outbox.RelayConfig{BatchSize: 200, Logger: newTestLogger(t).logs})
+		r := outbox.NewRelay(store.New(pool), h.producer(t), outbox.RelayConfig{BatchSize: 200, Base: service.Base{Logger: newTestLogger(t).logs}})
 		relays = append(relays, r)
 		runRelay(t, r)
 	}
@@ -209,7 +210,7 @@ func TestRelayPostgresConnectionCut(t *testing.T) {
 	relayPool := h.poolNamed(t, "cut-relay")
 	logs := newTestLogger(t)
 	relay := outbox.NewRelay(store.New(relayPool), h.producer(t), outbox.RelayConfig{
-		BatchSize: 50, Listen: true, MaxBackoff: 500 * time.Millisecond, Logger: logs.logs})
+		BatchSize: 50, Listen: true, MaxBackoff: 500 * time.Millisecond, Base: service.Base{Logger: logs.logs}})
 	runRelay(t, relay)
 
 	keys := opKeys("cut", 300)
@@ -257,7 +258,7 @@ func TestRelayPostgresConnectionCut(t *testing.T) {
 func TestRelayWakeUps(t *testing.T) {
 	t.Parallel()
 	h := setup(t)
-	relay := outbox.NewRelay(h.store, h.producer(t), outbox.RelayConfig{PollInterval: time.Hour, Listen: true, Logger: newTestLogger(t).logs})
+	relay := outbox.NewRelay(h.store, h.producer(t), outbox.RelayConfig{PollInterval: time.Hour, Listen: true, Base: service.Base{Logger: newTestLogger(t).logs}})
 	runRelay(t, relay)
 	ctx := context.Background()
 
@@ -304,7 +305,7 @@ type failingPublisher struct {
 	records int
 }
 
-func (p *failingPublisher) Send(recs []kafka.Record) error {
+func (p *failingPublisher) Send(_ context.Context, recs []kafka.Record) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.calls++
@@ -330,7 +331,7 @@ func TestRelayBacksOff(t *testing.T) {
 	h := setup(t)
 	logs := newTestLogger(t)
 	pub := &failingPublisher{}
-	relay := outbox.NewRelay(h.store, pub, outbox.RelayConfig{MaxBackoff: time.Second, Logger: logs.logs})
+	relay := outbox.NewRelay(h.store, pub, outbox.RelayConfig{MaxBackoff: time.Second, Base: service.Base{Logger: logs.logs}})
 	runRelay(t, relay)
 
 	start := time.Now()

@@ -12,6 +12,7 @@ import (
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/internal/testenv/storedb"
 	"github.com/effectline/effectline/store"
 )
 
@@ -59,10 +60,7 @@ func BenchmarkFlush(b *testing.B) {
 // ready to flush; nothing consumes Kafka.
 func benchBatcher(b *testing.B) *batcher {
 	b.Helper()
-	pool := testenv.NewPool(b, testenv.NewDatabase(b))
-	if _, err := store.Migrate(b.Context(), pool); err != nil {
-		b.Fatalf("migrating: %v", err)
-	}
+	pool := testenv.NewPool(b, storedb.New(b))
 	p, err := New(Config{Kafka: kafka.Config{Brokers: []string{"unused:9092"}}, Store: store.New(pool)})
 	if err != nil {
 		b.Fatal(err)

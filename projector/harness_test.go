@@ -20,7 +20,10 @@ import (
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/internal/testenv/storedb"
+	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/projector"
+	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/store"
 )
 
@@ -49,7 +52,7 @@ func setup(t testing.TB) *harness {
 // setupPartitions is setup with topics of the given partition count.
 func setupPartitions(t testing.TB, partitions int32) *harness {
 	t.Helper()
-	return setupOn(t, testenv.NewDatabase(t), partitions)
+	return setupOn(t, storedb.New(t), partitions)
 }
 
 // setupOn is setupPartitions on the database at dbURL.
@@ -81,7 +84,7 @@ func (h *harness) closeProducer() {
 // setupDB is setup without Kafka, for the read side.
 func setupDB(t testing.TB) *harness {
 	t.Helper()
-	return setupDBOn(t, testenv.NewDatabase(t))
+	return setupDBOn(t, storedb.New(t))
 }
 
 func setupDBOn(t testing.TB, dbURL string) *harness {
@@ -137,11 +140,10 @@ func (h *harness) start(group string, tweak ...func(*projector.Config)) *running
 	h.t.Helper()
 	reader := sdkmetric.NewManualReader()
 	cfg := projector.Config{
-		Kafka:         h.kafka,
-		Store:         h.store,
-		Group:         group,
-		Logger:        h.log,
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		Kafka: h.kafka,
+		Store: h.store,
+		Group: group,
+		Base:  service.Base{Logger: h.log, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 	}
 	for _, f := range tweak {
 		f(&cfg)
@@ -199,6 +201,17 @@ func (r *running) count(t testing.TB, outcome string) int64 {
 		}
 	}
 	return 0
+}
+
+// rejected returns how many messages the consumer rejected as malformed.
+func (r *running) rejected(t testing.TB) int64 {
+	t.Helper()
+	sum, _ := r.metric(t, kafka.MetricRejectedMessages).(metricdata.Sum[int64])
+	var n int64
+	for _, dp := range sum.DataPoints {
+		n += dp.Value
+	}
+	return n
 }
 
 // rewinds returns how many times the projector read its partitions again.
@@ -363,14 +376,10 @@ func (h *harness) publish(evs ...store.StoredEvent) {
 	h.t.Helper()
 	recs := make([]kafka.Record, len(evs))
 	for i, e := range evs {
-		recs[i] = kafka.Record{
-			Topic:       h.kafka.Topic(events.TopicOutcomes),
-			Envelope:    e.Envelope,
-			Raw:         e.Raw,
-			Traceparent: e.Traceparent,
-		}
+		recs[i] = kafka.EventRecord(traceparent.ContextWith(context.Background(), e.Traceparent),
+			h.kafka.Topic(events.TopicOutcomes), e.Envelope, e.Raw)
 	}
-	if err := h.prod.Send(recs); err != nil {
+	if err := h.prod.Send(context.Background(), recs); err != nil {
 		h.t.Fatalf("publishing %d events: %v", len(recs), err)
 	}
 }
@@ -381,12 +390,8 @@ func (h *harness) publish(evs ...store.StoredEvent) {
 // franz-go's murmur2, sarama's hash partitioner with FNV-1a).
 func (h *harness) produceRaw(key string, value []byte) {
 	h.t.Helper()
-	rec := kafka.Record{
-		Topic:    h.kafka.Topic(events.TopicOutcomes),
-		Envelope: events.Envelope{OperationKey: key},
-		Raw:      value,
-	}
-	if err := h.prod.Send([]kafka.Record{rec}); err != nil {
+	rec := kafka.Record{Topic: h.kafka.Topic(events.TopicOutcomes), Key: []byte(key), Value: value}
+	if err := h.prod.Send(context.Background(), []kafka.Record{rec}); err != nil {
 		h.t.Fatalf("publishing a raw message: %v", err)
 	}
 }

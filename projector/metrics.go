@@ -33,8 +33,6 @@ const (
 	// OutcomeGapFilled: an event missing from the delivery order was loaded
 	// from the event store and folded in before the delivered one.
 	OutcomeGapFilled = "gap_filled"
-	// OutcomeMalformed: a message that is not a valid event was acked and dropped.
-	OutcomeMalformed = "malformed"
 	// OutcomeRejected: a valid event that cannot apply to its operation (it is
 	// not the event store's, or the database refused its row) was acked and dropped.
 	OutcomeRejected = "rejected"
@@ -83,7 +81,7 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 		return nil, fmt.Errorf("creating %s: %w", MetricRewinds, err)
 	}
 	by := map[string]metric.AddOption{}
-	for _, o := range []string{OutcomeApplied, OutcomeSkipped, OutcomeGapFilled, OutcomeMalformed, OutcomeRejected} {
+	for _, o := range []string{OutcomeApplied, OutcomeSkipped, OutcomeGapFilled, OutcomeRejected} {
 		by[o] = metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", o)))
 	}
 	return &metrics{lag: lag, events: evs, batch: batch, rewinds: rewinds, by: by}, nil

@@ -22,17 +22,15 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/store"
 )
 
@@ -51,11 +49,9 @@ type Config struct {
 	Store *store.Store
 	// Group is the Kafka consumer group. Default DefaultGroup.
 	Group string
-	// Logger receives the projector's logs. Default slog.Default().
-	Logger *slog.Logger
-	// TracerProvider and MeterProvider default to the otel globals.
-	TracerProvider trace.TracerProvider
-	MeterProvider  metric.MeterProvider
+	// Base is where the component logs, traces and counts, and its clock
+	// and randomness; unset fields default (service.Base.WithDefaults).
+	service.Base
 	// MaxBatch caps the events one transaction folds. Default 512. Batches
 	// are bounded in practice by the partitions this replica owns, since
 	// each has one message in flight.
@@ -91,15 +87,7 @@ func (c Config) WithDefaults() Config {
 	if c.Group == "" {
 		c.Group = DefaultGroup
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.TracerProvider == nil {
-		c.TracerProvider = otel.GetTracerProvider()
-	}
-	if c.MeterProvider == nil {
-		c.MeterProvider = otel.GetMeterProvider()
-	}
+	c.Base = c.Base.WithDefaults()
 	if c.MaxBatch <= 0 {
 		c.MaxBatch = 512
 	}
@@ -196,8 +184,10 @@ func (p *Projector) Run(ctx context.Context) error {
 		defer stopWatch()
 	}
 
-	consumer, err := kafka.NewDeferredBatchConsumer(p.cfg.Kafka, p.cfg.Group, p.cfg.Kafka.Topic(events.TopicOutcomes),
-		p.cfg.MaxBatch, p.handle, p.cfg.Logger)
+	consumer, err := kafka.NewDeferredBatchConsumer(p.cfg.Kafka, kafka.ConsumerConfig{
+		Group: p.cfg.Group, Topic: p.cfg.Kafka.Topic(events.TopicOutcomes), MaxBatch: p.cfg.MaxBatch,
+		Logger: p.cfg.Logger, MeterProvider: p.cfg.MeterProvider,
+	}, p.handle)
 	if err != nil {
 		return fmt.Errorf("projector: %w", err)
 	}
@@ -291,24 +281,20 @@ func openWritePool(ctx context.Context, st *store.Store, conns int, syncCommit b
 // the batcher's group commit as one group, so they are folded and written in
 // one flush (a claim and its outcome, published together, become one write
 // of their row) and a partition is not a serial queue of commits. A
-// malformed message is logged, counted and acked. An error (nothing was
+// malformed message is rejected (the consumer logs, counts and skips it).
+// An error (nothing was
 // committed for some event) has the whole batch handed over again, which is
 // harmless: events at or below a row's seq are skipped.
-func (p *Projector) handle(ctx context.Context, msgs []*sarama.ConsumerMessage) (kafka.Durable, error) {
+func (p *Projector) handle(ctx context.Context, msgs []*kafka.Message) (kafka.Durable, error) {
 	ctxs := make([]context.Context, 0, len(msgs))
 	envs := make([]events.Envelope, 0, len(msgs))
 	spans := make([]trace.Span, 0, len(msgs))
 	for _, msg := range msgs {
-		mctx := kafka.ContextWithTraceparent(ctx, kafka.HeaderValue(msg.Headers, kafka.HeaderTraceparent))
-		env, err := events.Decode(msg.Value)
-		if err != nil {
-			// Never the payload: it may hold tool arguments or results. The
-			// partition and offset find the message for whoever investigates.
-			p.log.WarnContext(mctx, "projector: dropped a malformed message",
-				"partition", msg.Partition, "offset", msg.Offset, "bytes", len(msg.Value), "error", err)
-			p.metrics.count(mctx, OutcomeMalformed, 1)
+		env, ok := msg.Event()
+		if !ok {
 			continue
 		}
+		mctx := msg.Context(ctx)
 		mctx, span := p.tracer.Start(mctx, "projector.project",
 			trace.WithSpanKind(trace.SpanKindConsumer),
 			trace.WithAttributes(

@@ -1,6 +1,7 @@
 package projector_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -92,10 +93,10 @@ func journalAndPublishBulk(b *testing.B, h *harness, n int) int {
 				if err != nil {
 					b.Fatal(err)
 				}
-				recs = append(recs, kafka.Record{Topic: h.kafka.Topic(events.TopicOutcomes), Envelope: e, Raw: raw})
+				recs = append(recs, kafka.EventRecord(context.Background(), h.kafka.Topic(events.TopicOutcomes), e, raw))
 			}
 		}
-		if err := h.prod.Send(recs); err != nil {
+		if err := h.prod.Send(context.Background(), recs); err != nil {
 			b.Fatal(err)
 		}
 		total += len(recs)

@@ -203,7 +203,7 @@ func TestMalformedMessagesDoNotBlockThePartition(t *testing.T) {
 
 	h.waitSeqs(map[string]int64{key: 5})
 	h.assertMatchesReplay(key)
-	if got := run.count(t, projector.OutcomeMalformed); got != 2 {
+	if got := run.rejected(t); got != 2 {
 		t.Errorf("malformed = %d, want 2", got)
 	}
 	// The forged seq 3 is rejected when it is folded before the real one,

@@ -1,46 +1,43 @@
 package reconciler
 
 import (
-	"github.com/ThreeDotsLabs/watermill/message"
+	"context"
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/traceparent"
 )
 
-// handleOutcome handles one message of the outcomes topic. It hands the
-// operations that need an answer from the downstream to the worker pool and
-// acknowledges at once, so no ask ever holds the partition. The message is
-// only a trigger: the worker decides from the record it loads, so a
-// redelivered, reordered or stale message changes nothing, and a lost one is
-// found by the sweep of unresolved operations.
+// handleOutcomes handles the messages of one partition of the outcomes
+// topic. It hands the operations that need an answer from the downstream to
+// the worker pool and returns at once, so no ask ever holds the partition.
+// A message is only a trigger: the worker decides from the record it loads,
+// so a redelivered, reordered or stale message changes nothing, and a lost
+// one is found by the sweep of unresolved operations.
 //
-// It returns an error (leaving the message to be redelivered) only when the
-// reconciler is stopping before the operation was handed over.
-func (r *Reconciler) handleOutcome(msg *message.Message) error {
-	ctx := msg.Context()
-	// Most outcome events need no answer; the CloudEvents type header says
-	// so without decoding the payload. A message without it is decoded.
-	switch t := events.Type(msg.Metadata.Get(kafka.HeaderType)); t {
-	case "", events.AttemptUnknown, events.CompensationFailed:
-	default:
-		if t.Valid() {
-			return nil
+// It returns an error (leaving the batch to be handed over again) only when
+// the reconciler is stopping before an operation was handed over.
+func (r *Reconciler) handleOutcomes(ctx context.Context, msgs []*kafka.Message) error {
+	for _, msg := range msgs {
+		// Most outcome events need no answer; the CloudEvents type header
+		// says so without decoding the payload. A message without it is
+		// decoded.
+		switch t := events.Type(msg.Headers.Get(kafka.HeaderType)); t {
+		case "", events.AttemptUnknown, events.CompensationFailed:
+		default:
+			if t.Valid() {
+				continue
+			}
+		}
+		env, ok := msg.Event()
+		if !ok || !needsAnswer(env) {
+			continue
+		}
+		if _, err := r.work.submit(ctx, env.OperationKey, traceparent.FromContext(msg.Context(ctx))); err != nil {
+			return err
 		}
 	}
-	env, err := events.Decode(msg.Payload)
-	if err != nil {
-		// A malformed message never becomes valid: count it, log it without
-		// its payload (it may hold tool arguments), and move on.
-		r.tel.malformed(ctx)
-		r.log.WarnContext(ctx, "ignored a malformed message on the outcomes topic",
-			"kafka_key", msg.Metadata.Get(kafka.MetadataKey), "error", err)
-		return nil
-	}
-	if !needsAnswer(env) {
-		return nil
-	}
-	_, err = r.work.submit(ctx, env.OperationKey, kafka.TraceparentOf(msg))
-	return err
+	return nil
 }
 
 // needsAnswer reports whether an event leaves its operation waiting for the

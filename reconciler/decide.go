@@ -14,8 +14,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/metrics"
+	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/store"
 )
 
@@ -127,7 +127,7 @@ func (d *Decider) DecideSeen(ctx context.Context, key string, action events.Acti
 // checks again, so two approvers clicking at once record one decision and
 // the other gets events.ErrNotWaiting.
 func Decide(ctx context.Context, st *store.Store, key string, action events.Action, note, approver string, now time.Time, opts ...DecideOption) (events.Operation, error) {
-	o := decideOptions{topicPrefix: kafka.DefaultTopicPrefix}
+	o := decideOptions{topicPrefix: events.DefaultTopicPrefix}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -166,7 +166,7 @@ func Decide(ctx context.Context, st *store.Store, key string, action events.Acti
 	}
 
 	if tp, err := st.Traceparent(ctx, key); err == nil {
-		ctx = kafka.ContextWithTraceparent(ctx, tp)
+		ctx = traceparent.ContextWith(ctx, tp)
 	}
 	ctx, span := o.tp.Tracer(instrumentation).Start(ctx, "decision", trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithAttributes(attrOperationKey.String(key), attrAction.String(string(action)), attrApprover.String(approver)))
@@ -207,7 +207,7 @@ func Decide(ctx context.Context, st *store.Store, key string, action events.Acti
 				return op, err
 			}
 			next, err := st.Append(ctx, store.Append{
-				Base: op, Events: evs, Traceparent: kafka.TraceparentFrom(ctx), TopicPrefix: o.topicPrefix,
+				Base: op, Events: evs, Traceparent: traceparent.FromContext(ctx), TopicPrefix: o.topicPrefix,
 			})
 			if store.IsConflict(err) {
 				continue
@@ -232,7 +232,7 @@ func Decide(ctx context.Context, st *store.Store, key string, action events.Acti
 			return op, err
 		}
 		next, err := st.Append(ctx, store.Append{
-			Base: op, Events: evs, Traceparent: kafka.TraceparentFrom(ctx), TopicPrefix: o.topicPrefix,
+			Base: op, Events: evs, Traceparent: traceparent.FromContext(ctx), TopicPrefix: o.topicPrefix,
 		})
 		if store.IsConflict(err) {
 			continue

@@ -26,9 +26,12 @@ import (
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/internal/testenv/storedb"
+	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/reconciler"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
+	"github.com/effectline/effectline/tool/httptool"
 )
 
 // Tool names of the test registry, one per effect class, all served by one
@@ -86,14 +89,11 @@ type env struct {
 
 func setup(t *testing.T, opts ...testenv.FakeOption) *env {
 	t.Helper()
-	pool := testenv.NewPool(t, testenv.NewDatabase(t))
-	if _, err := store.Migrate(context.Background(), pool); err != nil {
-		t.Fatal(err)
-	}
+	pool := testenv.NewPool(t, storedb.New(t))
 	fake := testenv.NewFakeTool(t, opts...)
 	secrets := map[string]string{charge: newSecret(t), reserve: newSecret(t)}
 	vars := map[string]string{"CHARGE_SECRET": secrets[charge], "RESERVE_SECRET": secrets[reserve]}
-	reg, err := tool.Parse([]byte(strings.ReplaceAll(toolsYAML, "BASE", fake.URL)), func(k string) string { return vars[k] })
+	reg, err := httptool.Parse([]byte(strings.ReplaceAll(toolsYAML, "BASE", fake.URL)), func(k string) string { return vars[k] })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func appendEvents(t *testing.T, st *store.Store, base events.Operation, specs ..
 		}
 		evs[i] = ev
 	}
-	op, err := st.Append(t.Context(), store.Append{Base: base, Events: evs, TopicPrefix: kafka.DefaultTopicPrefix})
+	op, err := st.Append(t.Context(), store.Append{Base: base, Events: evs, TopicPrefix: events.DefaultTopicPrefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func (e *env) newIntent(t *testing.T, key, toolName, args string) events.Operati
 	if err != nil {
 		t.Fatal(err)
 	}
-	op, err := e.st.Append(t.Context(), store.Append{Events: []events.Envelope{ev}, TopicPrefix: kafka.DefaultTopicPrefix,
+	op, err := e.st.Append(t.Context(), store.Append{Events: []events.Envelope{ev}, TopicPrefix: events.DefaultTopicPrefix,
 		Traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
 	if err != nil {
 		t.Fatal(err)
@@ -232,10 +232,10 @@ func (e *env) publish(t *testing.T, kcfg kafka.Config, key string) {
 	var recs []kafka.Record
 	for _, ev := range evs {
 		for _, suffix := range events.TopicsFor(ev.Type) {
-			recs = append(recs, kafka.Record{Topic: kcfg.Topic(suffix), Envelope: ev.Envelope, Raw: ev.Raw, Traceparent: ev.Traceparent})
+			recs = append(recs, kafka.EventRecord(traceparent.ContextWith(context.Background(), ev.Traceparent), kcfg.Topic(suffix), ev.Envelope, ev.Raw))
 		}
 	}
-	if err := p.Send(recs); err != nil {
+	if err := p.Send(context.Background(), recs); err != nil {
 		t.Fatal(err)
 	}
 }

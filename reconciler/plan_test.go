@@ -9,6 +9,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/policy"
+	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/tool"
 )
 
@@ -193,8 +194,8 @@ func TestPlan(t *testing.T) {
 
 func TestAskBackoff(t *testing.T) {
 	t.Parallel()
-	r := &Reconciler{cfg: Config{AskBackoff: Backoff{Base: 100 * time.Millisecond, Max: time.Second}, Rand: func() float64 { return 0.999999 }}}
-	lo := &Reconciler{cfg: Config{AskBackoff: r.cfg.AskBackoff, Rand: func() float64 { return 0 }}}
+	r := &Reconciler{cfg: Config{AskBackoff: Backoff{Base: 100 * time.Millisecond, Max: time.Second}, Base: service.Base{Rand: func() float64 { return 0.999999 }}}}
+	lo := &Reconciler{cfg: Config{AskBackoff: r.cfg.AskBackoff, Base: service.Base{Rand: func() float64 { return 0 }}}}
 	for asks, ceiling := range map[int]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond, 4: 800 * time.Millisecond, 5: time.Second, 60: time.Second} {
 		if got := r.askBackoff(asks); got > ceiling || got < ceiling*99/100 {
 			t.Errorf("askBackoff(%d) at the top = %v, want ~%v", asks, got, ceiling)

@@ -9,8 +9,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/metrics"
+	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
 )
@@ -41,7 +41,7 @@ const journalTimeout = 30 * time.Second
 //   - Another replica reconciles the same operation (its consumer got the
 //     message, this leader's sweep found it unresolved): both may ask, only
 //     one append wins; the loser reloads and finds it settled.
-func (r *Reconciler) reconcileJob(ctx context.Context, key, traceparent string, asks int) (int, time.Duration) {
+func (r *Reconciler) reconcileJob(ctx context.Context, key, tp string, asks int) (int, time.Duration) {
 	op, err := r.store.Load(ctx, key)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -61,12 +61,12 @@ func (r *Reconciler) reconcileJob(ctx context.Context, key, traceparent string, 
 	if known {
 		spec = t.Spec()
 	}
-	if traceparent == "" {
-		if tp, err := r.store.Traceparent(ctx, key); err == nil {
-			traceparent = tp
+	if tp == "" {
+		if stored, err := r.store.Traceparent(ctx, key); err == nil {
+			tp = stored
 		}
 	}
-	ctx = kafka.ContextWithTraceparent(ctx, traceparent)
+	ctx = traceparent.ContextWith(ctx, tp)
 	spanCtx, span := r.tel.startReconciliation(ctx, op)
 	defer span.End()
 
@@ -133,7 +133,7 @@ func (r *Reconciler) reconcileJob(ctx context.Context, key, traceparent string, 
 			appendCtx, escSpan = r.tel.startEscalation(jctx, op, v.escalation)
 		}
 		next, err := r.committer.Append(jctx, store.Append{
-			Base: op, Events: evs, Traceparent: kafka.TraceparentFrom(appendCtx), TopicPrefix: r.cfg.Kafka.TopicPrefix,
+			Base: op, Events: evs, Traceparent: traceparent.FromContext(appendCtx), TopicPrefix: r.cfg.Kafka.TopicPrefix,
 		})
 		if escSpan != nil {
 			endSpan(escSpan, err)

@@ -20,17 +20,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
 )
@@ -91,12 +87,9 @@ type Config struct {
 	// their appends share commits; otherwise the reconciler runs its own.
 	Committer *store.Committer
 
-	Logger         *slog.Logger
-	TracerProvider trace.TracerProvider
-	MeterProvider  metric.MeterProvider
-	// Now and Rand are for tests.
-	Now  func() time.Time
-	Rand func() float64
+	// Base is where the component logs, traces and counts, and its clock
+	// and randomness; unset fields default (service.Base.WithDefaults).
+	service.Base
 }
 
 // DefaultLeaderLockKey is the advisory lock key of the sweeper election
@@ -141,21 +134,7 @@ func (c Config) WithDefaults() Config {
 	if c.LeaderLockKey == 0 {
 		c.LeaderLockKey = DefaultLeaderLockKey
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.TracerProvider == nil {
-		c.TracerProvider = otel.GetTracerProvider()
-	}
-	if c.MeterProvider == nil {
-		c.MeterProvider = otel.GetMeterProvider()
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-	if c.Rand == nil {
-		c.Rand = rand.Float64
-	}
+	c.Base = c.Base.WithDefaults()
 	c.Kafka = c.Kafka.WithDefaults()
 	return c
 }
@@ -199,7 +178,7 @@ func New(st *store.Store, tools Tools, cfg Config) (*Reconciler, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	tel, err := newTelemetry(cfg.TracerProvider, cfg.MeterProvider)
+	tel, err := newTelemetry(cfg.Base)
 	if err != nil {
 		return nil, fmt.Errorf("reconciler: %w", err)
 	}
@@ -220,7 +199,7 @@ func New(st *store.Store, tools Tools, cfg Config) (*Reconciler, error) {
 // replica holds the sweeper lock, the sweeps, until ctx ends. It then stops
 // taking work, cancels asks in flight (an interrupted ask decides nothing:
 // the next owner asks again), waits for every goroutine it started, and
-// returns. It returns early with an error only when the Kafka subscriber
+// returns. It returns early with an error only when the Kafka consumer
 // fails. Call it once per Reconciler.
 func (r *Reconciler) Run(ctx context.Context) error {
 	if !r.started.CompareAndSwap(false, true) {
@@ -237,13 +216,17 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	r.work = newPool(r.cfg.Concurrency, r.reconcileJob)
 	poolDone := make(chan struct{})
 	go func() { defer close(poolDone); r.work.run(runCtx) }()
-	intake, err := kafka.StartConsumer(runCtx, r.cfg.Kafka, "reconciler", r.cfg.Group,
-		r.cfg.Kafka.Topic(events.TopicOutcomes), r.handleOutcome, r.cfg.Logger)
+	intake, err := kafka.NewBatchConsumer(r.cfg.Kafka, kafka.ConsumerConfig{
+		Group: r.cfg.Group, Topic: r.cfg.Kafka.Topic(events.TopicOutcomes),
+		Logger: r.cfg.Logger, MeterProvider: r.cfg.MeterProvider,
+	}, r.handleOutcomes)
 	if err != nil {
 		stop()
 		<-poolDone
 		return fmt.Errorf("reconciler: %w", err)
 	}
+	intakeDone := make(chan error, 1)
+	go func() { intakeDone <- intake.Run(runCtx) }()
 	sweepDone := make(chan struct{})
 	go func() { defer close(sweepDone); r.sweepLoop(runCtx) }()
 
@@ -251,11 +234,16 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	var runErr error
 	select {
 	case <-ctx.Done():
-	case <-intake.Stopped():
-		runErr = intake.Err()
+		<-intakeDone
+	case runErr = <-intakeDone:
+		switch {
+		case runErr != nil:
+			runErr = fmt.Errorf("reconciler: %w", runErr)
+		case ctx.Err() == nil:
+			runErr = errors.New("reconciler: the outcomes consumer stopped on its own")
+		}
 	}
 	stop()
-	intake.Close()
 	<-sweepDone
 	<-poolDone
 	r.log.Info("reconciler stopped")

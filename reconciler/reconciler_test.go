@@ -15,6 +15,7 @@ import (
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/testenv"
 	"github.com/effectline/effectline/reconciler"
+	"github.com/effectline/effectline/service"
 )
 
 // A charge whose response was lost, but which the downstream committed, is
@@ -42,8 +43,8 @@ func TestLostResponseOnCommittedChargeCompletes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = p.Send([]kafka.Record{{Topic: kcfg.Topic(events.TopicOutcomes),
-		Envelope: events.Envelope{EventID: "bogus", OperationKey: op.Key}, Raw: []byte(`{"not":"an event"`)}})
+	err = p.Send(context.Background(), []kafka.Record{{Topic: kcfg.Topic(events.TopicOutcomes),
+		Key: []byte(op.Key), Value: []byte(`{"not":"an event"`)}})
 	_ = p.Close()
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +52,7 @@ func TestLostResponseOnCommittedChargeCompletes(t *testing.T) {
 	e.publish(t, kcfg, op.Key)
 	obs := newObserved(t)
 	_, stop := runReconciler(t, e, reconciler.Config{Kafka: kcfg, SweepInterval: 50 * time.Millisecond, ResweepAfter: time.Hour,
-		TracerProvider: obs.tp, MeterProvider: obs.mp})
+		Base: service.Base{TracerProvider: obs.tp, MeterProvider: obs.mp}})
 
 	op = waitFor(t, e.st, op.Key, "reconciled", statusIs(events.StatusCompleted))
 	stop()
@@ -115,7 +116,7 @@ func TestAbsentChargeEscalatesAndRetryDecisionRuns(t *testing.T) {
 	e.publish(t, kcfg, op.Key)
 	obs := newObserved(t)
 	_, stopRec := runReconciler(t, e, reconciler.Config{Kafka: kcfg, SweepInterval: 50 * time.Millisecond, ResweepAfter: time.Hour,
-		TracerProvider: obs.tp, MeterProvider: obs.mp})
+		Base: service.Base{TracerProvider: obs.tp, MeterProvider: obs.mp}})
 
 	op = waitFor(t, e.st, op.Key, "escalated", statusIs(events.StatusEscalated))
 	stopRec()
@@ -168,7 +169,7 @@ func TestAbsentChargeEscalatesAndRetryDecisionRuns(t *testing.T) {
 		t.Fatalf("after retry: %s due %v approved %v, want pending due now and approved", op.Status, op.DueAt, op.Approved)
 	}
 
-	ex, err := executor.New(e.st, e.tools, executor.Config{Kafka: kcfg, PollInterval: 50 * time.Millisecond, Logger: testLogger(t)})
+	ex, err := executor.New(e.st, e.tools, executor.Config{Kafka: kcfg, PollInterval: 50 * time.Millisecond, Base: service.Base{Logger: testLogger(t)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +270,7 @@ func TestExpiredLease(t *testing.T) {
 	t.Parallel()
 	type check func(t *testing.T, e *env, kcfg kafka.Config, op events.Operation)
 	runExecutor := func(t *testing.T, e *env, kcfg kafka.Config) {
-		ex, err := executor.New(e.st, e.tools, executor.Config{Kafka: kcfg, PollInterval: 50 * time.Millisecond, Logger: testLogger(t)})
+		ex, err := executor.New(e.st, e.tools, executor.Config{Kafka: kcfg, PollInterval: 50 * time.Millisecond, Base: service.Base{Logger: testLogger(t)}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -357,7 +358,7 @@ func TestExpiredLease(t *testing.T) {
 			}
 			obs := newObserved(t)
 			runReconciler(t, e, reconciler.Config{Kafka: kcfg, SweepInterval: 20 * time.Millisecond, ResweepAfter: time.Hour,
-				TracerProvider: obs.tp, MeterProvider: obs.mp})
+				Base: service.Base{TracerProvider: obs.tp, MeterProvider: obs.mp}})
 			tt.check(t, e, kcfg, op)
 			if n := obs.counter(t, "effectline.leases_expired", map[string]string{"tool": tt.tool}); n != 1 {
 				t.Fatalf("effectline.leases_expired = %d, want 1", n)

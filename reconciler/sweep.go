@@ -4,14 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/policy"
+	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/store"
 )
 
@@ -39,33 +41,28 @@ type leaderState struct {
 // pruneEvery spaces the deletions of old webhook delivery ids.
 const pruneEvery = time.Minute
 
+// sweepLoop sweeps about every SweepInterval (±20%, so replicas that
+// started together drift apart) while this replica leads.
 func (r *Reconciler) sweepLoop(ctx context.Context) {
 	defer r.stepDown(context.WithoutCancel(ctx))
 	var lastPrune time.Time
-	for {
-		if r.ensureLeader(ctx) {
+	service.Loop{
+		Name: "reconciler: sweeping", Did: "sweep", DidLevel: slog.LevelInfo,
+		Interval: r.cfg.SweepInterval, Jitter: 0.2,
+		RunOnce: func(ctx context.Context) (service.Counts, error) {
+			if !r.ensureLeader(ctx) {
+				return nil, nil
+			}
 			n, err := r.sweepOnce(ctx)
 			if now := r.cfg.Now(); err == nil && now.Sub(lastPrune) >= pruneEvery {
 				lastPrune = now
-				pruned, perr := r.pruneDeliveries(ctx, now)
-				n.pruned, err = pruned, perr
+				n.pruned, err = r.pruneDeliveries(ctx, now)
 			}
-			switch {
-			case err != nil && ctx.Err() == nil:
-				r.log.WarnContext(ctx, "sweep failed", "error", err)
-			case n.expired+n.resubmitted+n.pruned > 0:
-				r.log.InfoContext(ctx, "sweep", "leases_expired", n.expired,
-					"unresolved_resubmitted", n.resubmitted, "webhook_ids_pruned", n.pruned)
-			}
-		}
-		// ±20% jitter, so replicas that started together drift apart.
-		wait := time.Duration(float64(r.cfg.SweepInterval) * (0.8 + 0.4*r.cfg.Rand()))
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(wait):
-		}
-	}
+			return service.Counts{{Name: "leases_expired", N: n.expired},
+				{Name: "unresolved_resubmitted", N: n.resubmitted}, {Name: "webhook_ids_pruned", N: n.pruned}}, err
+		},
+		Base: service.Base{Logger: r.log, Now: r.cfg.Now, Rand: r.cfg.Rand},
+	}.Run(ctx)
 }
 
 // ensureLeader reports whether this replica leads, taking the lock if it is
@@ -198,8 +195,8 @@ func (r *Reconciler) expireLease(ctx context.Context, key string) (bool, error) 
 			return false, err
 		}
 		tp, _ := r.store.Traceparent(ctx, key)
-		spanCtx, span := r.tel.startLeaseExpiry(kafka.ContextWithTraceparent(ctx, tp), op)
-		a := store.Append{Base: op, Events: evs, Traceparent: kafka.TraceparentFrom(spanCtx), TopicPrefix: r.cfg.Kafka.TopicPrefix}
+		spanCtx, span := r.tel.startLeaseExpiry(traceparent.ContextWith(ctx, tp), op)
+		a := store.Append{Base: op, Events: evs, Traceparent: traceparent.FromContext(spanCtx), TopicPrefix: r.cfg.Kafka.TopicPrefix}
 		var next events.Operation
 		err = pgx.BeginFunc(ctx, r.store.Pool(), func(tx pgx.Tx) error {
 			leaseUntil, err := store.LockLeaseTx(ctx, tx, op.Key, op.Seq)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/metrics"
+	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/tool"
 )
 
@@ -39,14 +40,13 @@ type telemetry struct {
 	reconciliations metric.Int64Counter
 	escalations     metric.Int64Counter
 	leasesExpired   metric.Int64Counter
-	malformedMsgs   metric.Int64Counter
 	webhooks        metric.Int64Counter
 	e2e             metric.Float64Histogram
 }
 
-func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
-	m := mp.Meter(instrumentation)
-	t := &telemetry{tracer: tp.Tracer(instrumentation)}
+func newTelemetry(base service.Base) (*telemetry, error) {
+	tracer, m := base.Instruments(instrumentation)
+	t := &telemetry{tracer: tracer}
 	if err := metrics.Counters(m,
 		metrics.Counter{Into: &t.reconciliations, Name: "effectline.reconciliations",
 			Description: "Answers to \"did it happen?\", by tool and answer (found, absent, cannot_tell, cannot_ask)."},
@@ -54,8 +54,6 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry,
 			Description: "Operations handed to the approval gate, by tool and reason."},
 		metrics.Counter{Into: &t.leasesExpired, Name: "effectline.leases_expired",
 			Description: "Steps declared Unknown because their worker stopped renewing the lease, by tool."},
-		metrics.Counter{Into: &t.malformedMsgs, Name: "effectline.reconciler.malformed_messages",
-			Description: "Messages on the outcomes topic that were not valid events."},
 		metrics.Counter{Into: &t.webhooks, Name: "effectline.webhooks",
 			Description: "Inbound callbacks, by source and result."},
 	); err != nil {
@@ -113,8 +111,6 @@ func (t *telemetry) startLeaseExpiry(ctx context.Context, op events.Operation) (
 func (t *telemetry) leaseExpired(ctx context.Context, op events.Operation) {
 	t.leasesExpired.Add(ctx, 1, metric.WithAttributes(attribute.String("tool", op.Tool)))
 }
-
-func (t *telemetry) malformed(ctx context.Context) { t.malformedMsgs.Add(ctx, 1) }
 
 func endSpan(span trace.Span, err error) {
 	if err != nil {

@@ -19,8 +19,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/metrics"
+	"github.com/effectline/effectline/internal/traceparent"
+	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
 )
@@ -75,7 +76,7 @@ func NewWebhooks(st *store.Store, tools Tools, cfg WebhookConfig) (*Webhooks, er
 		return nil, errors.New("reconciler: webhooks need a store and a tools registry")
 	}
 	if cfg.TopicPrefix == "" {
-		cfg.TopicPrefix = kafka.DefaultTopicPrefix
+		cfg.TopicPrefix = events.DefaultTopicPrefix
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -86,7 +87,7 @@ func NewWebhooks(st *store.Store, tools Tools, cfg WebhookConfig) (*Webhooks, er
 	if cfg.MeterProvider == nil {
 		cfg.MeterProvider = otel.GetMeterProvider()
 	}
-	tel, err := newTelemetry(cfg.TracerProvider, cfg.MeterProvider)
+	tel, err := newTelemetry(service.Base{TracerProvider: cfg.TracerProvider, MeterProvider: cfg.MeterProvider})
 	if err != nil {
 		return nil, fmt.Errorf("reconciler: %w", err)
 	}
@@ -298,7 +299,7 @@ func (w *Webhooks) apply(ctx context.Context, tx pgx.Tx, source string, t tool.T
 	}
 	// The resolution belongs to the operation's trace; the delivery's own
 	// span (the HTTP request's trace) is linked to it.
-	opCtx, span := w.tel.tracer.Start(kafka.ContextWithTraceparent(context.WithoutCancel(ctx), tp), "reconciliation",
+	opCtx, span := w.tel.tracer.Start(traceparent.ContextWith(context.WithoutCancel(ctx), tp), "reconciliation",
 		trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithLinks(trace.LinkFromContext(ctx)),
 		trace.WithAttributes(append(opAttrs(op), attrSource.String(source), attrAnswer.String(cb.Type))...))
@@ -311,7 +312,7 @@ func (w *Webhooks) apply(ctx context.Context, tx pgx.Tx, source string, t tool.T
 	if err == nil {
 		var next events.Operation
 		next, err = store.AppendTx(ctx, tx, store.Append{
-			Base: op, Events: evs, Traceparent: kafka.TraceparentFrom(opCtx), TopicPrefix: w.cfg.TopicPrefix,
+			Base: op, Events: evs, Traceparent: traceparent.FromContext(opCtx), TopicPrefix: w.cfg.TopicPrefix,
 		})
 		res.Status = next.Status
 		*settled = next

@@ -9,6 +9,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/internal/testenv/storedb"
 	"github.com/effectline/effectline/store"
 )
 
@@ -29,11 +30,8 @@ func BenchmarkAppendBatch(b *testing.B) {
 }
 
 func benchmarkAppendBatch(b *testing.B, batch int) {
-	pool := testenv.NewPool(b, testenv.NewDatabase(b))
+	pool := testenv.NewPool(b, storedb.New(b))
 	ctx := context.Background()
-	if _, err := store.Migrate(ctx, pool); err != nil {
-		b.Fatal(err)
-	}
 	s := store.New(pool)
 	result := json.RawMessage(`{"charge_id":"ch_3PqR8s2eZvKYlo2C1a2b3c4d","status":"succeeded","amount":4200}`)
 	b.ResetTimer()

@@ -9,7 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Load returns the head record of an operation, or ErrNotFound.
+// Load returns the head record of an operation, or ErrNotFound. For a
+// pruned operation the error is a *PrunedError holding its tombstone.
 func (s *Store) Load(ctx context.Context, key string) (events.Operation, error) {
 	return loadWith(ctx, s.pool, key)
 }
@@ -26,8 +27,12 @@ type querier interface {
 
 func loadWith(ctx context.Context, q querier, key string) (events.Operation, error) {
 	var record []byte
-	if err := q.QueryRow(ctx, `SELECT record FROM operations WHERE operation_key = $1`, key).Scan(&record); err != nil {
+	var pruned bool
+	if err := q.QueryRow(ctx, `SELECT record, pruned_at IS NOT NULL FROM operations WHERE operation_key = $1`, key).Scan(&record, &pruned); err != nil {
 		return events.Operation{}, fmt.Errorf("loading operation %s: %w", key, interpretError(err))
+	}
+	if pruned {
+		return events.Operation{}, prunedError(ctx, q, key)
 	}
 	op, err := events.UnmarshalOperation(record)
 	if err != nil {
@@ -37,6 +42,7 @@ func loadWith(ctx context.Context, q querier, key string) (events.Operation, err
 }
 
 // LoadMany returns the head records of the operations that exist among keys.
+// Pruned operations are absent; Tombstones returns theirs.
 func (s *Store) LoadMany(ctx context.Context, keys []string) (map[string]events.Operation, error) {
 	return loadMany(ctx, s.pool, keys)
 }
@@ -47,7 +53,7 @@ func LoadManyTx(ctx context.Context, tx pgx.Tx, keys []string) (map[string]event
 }
 
 func loadMany(ctx context.Context, q querier, keys []string) (map[string]events.Operation, error) {
-	rows, err := q.Query(ctx, `SELECT record FROM operations WHERE operation_key = ANY($1)`, keys)
+	rows, err := q.Query(ctx, `SELECT record FROM operations WHERE operation_key = ANY($1) AND pruned_at IS NULL`, keys)
 	if err != nil {
 		return nil, fmt.Errorf("loading %d operations: %w", len(keys), interpretError(err))
 	}

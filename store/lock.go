@@ -36,7 +36,7 @@ func LockLeaseTx(ctx context.Context, tx pgx.Tx, key string, seq int64) (*time.T
 // tool, in key order (so two callers never deadlock), and returns their keys.
 func LockToolKeysTx(ctx context.Context, tx pgx.Tx, tool string, keys []string) ([]string, error) {
 	return lockedKeys(ctx, tx, `SELECT operation_key FROM operations
-	WHERE operation_key = ANY($1) AND tool = $2
+	WHERE operation_key = ANY($1) AND tool = $2 AND pruned_at IS NULL
 	ORDER BY operation_key
 	FOR UPDATE`, keys, tool)
 }

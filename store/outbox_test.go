@@ -12,6 +12,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/internal/testenv/storedb"
 	"github.com/effectline/effectline/store"
 )
 
@@ -20,10 +21,7 @@ import (
 
 func outboxSetup(t *testing.T) *store.Store {
 	t.Helper()
-	pool := testenv.NewPool(t, testenv.NewDatabase(t))
-	if _, err := store.Migrate(t.Context(), pool); err != nil {
-		t.Fatal(err)
-	}
+	pool := testenv.NewPool(t, storedb.New(t))
 	return store.New(pool)
 }
 

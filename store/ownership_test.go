@@ -24,6 +24,23 @@ var tableOwners = map[string]string{
 	"webhook_deliveries": "reconciler",
 }
 
+// joinedReads are the statements that name another package's table on
+// purpose, each inside one statement whose atomicity a method call would
+// lose, with the reason. A new entry needs a reason as good as these.
+var joinedReads = map[string]map[string]string{
+	// The projector's upsert skips operations pruned to tombstones in the
+	// same statement; checked apart, a prune between the check and the
+	// upsert would bring a pruned row back.
+	"projector/state.go": {"operations": "NOT EXISTS guard against pruned operations"},
+	// Pruning turns head rows into tombstones and drops their read-model
+	// rows in one statement, so no list ever shows an operation whose
+	// events are gone.
+	"store/prune.go": {"operation_state": "deleted with the tombstoning"},
+	// The workflow driver finds the workflows whose awaited step settled
+	// with one join over every waiting workflow, not one load per workflow.
+	"workflow/driver.go": {"operations": "join of waiting workflows to their steps' head rows"},
+}
+
 // sqlTable finds a table where SQL names one. The code writes SQL keywords
 // in capitals, which keeps prose ("events from Kafka") out; a fragment of a
 // statement built by concatenation (" FROM operations") is caught too.
@@ -76,7 +93,7 @@ func TestTablesAreTouchedOnlyByTheirOwner(t *testing.T) {
 			}
 			for _, m := range sqlTable.FindAllStringSubmatch(s, -1) {
 				owner, ok := tableOwners[strings.ToLower(m[1])]
-				if ok && pkgDir != owner {
+				if ok && pkgDir != owner && joinedReads[filepath.ToSlash(rel)][strings.ToLower(m[1])] == "" {
 					t.Errorf("%s: SQL on table %s, which package %s owns: call a method of %s instead", rel, m[1], owner, owner)
 				}
 			}

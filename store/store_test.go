@@ -15,15 +15,13 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/internal/testenv/storedb"
 	"github.com/effectline/effectline/store"
 )
 
 func setup(t *testing.T) *store.Store {
 	t.Helper()
-	pool := testenv.NewPool(t, testenv.NewDatabase(t))
-	if _, err := store.Migrate(context.Background(), pool); err != nil {
-		t.Fatal(err)
-	}
+	pool := testenv.NewPool(t, storedb.New(t))
 	return store.New(pool)
 }
 

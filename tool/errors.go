@@ -193,35 +193,35 @@ func IsUnknown(err error) bool {
 // other, the outermost one wins: it is the latest decision about the error.
 func FromError(err error) Result {
 	if err == nil {
-		return succeeded()
+		return SucceededResult()
 	}
 	for e := err; e != nil; e = errors.Unwrap(e) {
 		switch m := e.(type) {
 		case *PermanentError:
-			return failed(events.Final, "permanent", err)
+			return FailedResult(events.Final, "permanent", err)
 		case *RetryableError:
-			r := failed(events.Retryable, "retryable", err)
+			r := FailedResult(events.Retryable, "retryable", err)
 			r.RetryAfter = max(m.After, 0)
 			return r
 		case *UnknownError:
-			return unknown("unknown", err)
+			return UnknownResult("unknown", err)
 		}
 	}
 	switch {
 	case IsPermanent(err): // marks behind a multi-error (errors.Join)
-		return failed(events.Final, "permanent", err)
+		return FailedResult(events.Final, "permanent", err)
 	case IsRetryable(err):
 		var re *RetryableError
 		errors.As(err, &re)
-		r := failed(events.Retryable, "retryable", err)
+		r := FailedResult(events.Retryable, "retryable", err)
 		r.RetryAfter = max(re.After, 0)
 		return r
 	case IsUnknown(err):
-		return unknown("unknown", err)
+		return UnknownResult("unknown", err)
 	case errors.Is(err, context.DeadlineExceeded):
-		return unknown("timeout", err)
+		return UnknownResult("timeout", err)
 	case errors.Is(err, context.Canceled):
-		return unknown("canceled", err)
+		return UnknownResult("canceled", err)
 	}
-	return unknown("unclassified_error", err)
+	return UnknownResult("unclassified_error", err)
 }

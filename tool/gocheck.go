@@ -57,6 +57,6 @@ func (g *GoTool) Check(ctx context.Context, c Call) (chk Check, ok bool) {
 }
 
 func (g *GoTool) checkAnswer(c Call, chk Check) Check {
-	chk.Evidence = checkEvidence("check", &g.spec, c, "", "", chk, nil)
+	chk.Evidence = CheckEvidence("check", &g.spec, c, "", "", chk, nil)
 	return chk
 }

@@ -93,9 +93,9 @@ func (g *GoTool) Spec() *Spec { return &g.spec }
 // effect.
 func (g *GoTool) Invoke(ctx context.Context, c Call) Result {
 	if g.err != nil {
-		return failed(events.Final, "invalid_tool", g.err)
+		return FailedResult(events.Final, "invalid_tool", g.err)
 	}
-	if r, ok := preflight(&g.spec, c); !ok {
+	if r, ok := g.spec.Preflight(c); !ok {
 		return r
 	}
 	return g.run(ctx, g.invoke, c)
@@ -104,7 +104,7 @@ func (g *GoTool) Invoke(ctx context.Context, c Call) Result {
 // Compensate runs the undo function, classified like Invoke.
 func (g *GoTool) Compensate(ctx context.Context, c Call) Result {
 	if g.compensate == nil {
-		return failed(events.Final, "not_compensable", fmt.Errorf("tool %q has no compensate function", g.spec.Name))
+		return FailedResult(events.Final, "not_compensable", fmt.Errorf("tool %q has no compensate function", g.spec.Name))
 	}
 	return g.run(ctx, g.compensate, c)
 }
@@ -129,10 +129,10 @@ func (g *GoTool) Reconcile(ctx context.Context, c Call) (rec Reconciliation) {
 	}
 	switch answer {
 	case Found:
-		body = asJSON(body)
-		return Reconciliation{Answer: Found, Body: body, DownstreamID: idFrom(body, g.idField)}
+		body = JSONBody(body)
+		return Reconciliation{Answer: Found, Body: body, DownstreamID: BodyField(body, g.idField)}
 	case Absent:
-		return Reconciliation{Answer: Absent, Body: asJSON(body)}
+		return Reconciliation{Answer: Absent, Body: JSONBody(body)}
 	}
 	return Reconciliation{Answer: CannotTell, ErrorClass: "unrecognised_answer",
 		Err: fmt.Errorf("tool %q answered %q", g.spec.Name, answer)}
@@ -141,7 +141,7 @@ func (g *GoTool) Reconcile(ctx context.Context, c Call) (rec Reconciliation) {
 func (g *GoTool) run(ctx context.Context, f InvokeFunc, c Call) (r Result) {
 	defer func() {
 		if p := recover(); p != nil {
-			r = unknown("panic", fmt.Errorf("tool %q panicked: %v", g.spec.Name, p))
+			r = UnknownResult("panic", fmt.Errorf("tool %q panicked: %v", g.spec.Name, p))
 		}
 	}()
 	ctx, cancel := g.withTimeout(ctx)
@@ -149,9 +149,9 @@ func (g *GoTool) run(ctx context.Context, f InvokeFunc, c Call) (r Result) {
 	body, err := f(ctx, c)
 	r = FromError(err)
 	if r.Outcome == events.Succeeded {
-		r.Body = asJSON(body)
-		r.DownstreamID = idFrom(r.Body, g.idField)
-		r.UndoRef = idFrom(r.Body, g.undoField)
+		r.Body = JSONBody(body)
+		r.DownstreamID = BodyField(r.Body, g.idField)
+		r.UndoRef = BodyField(r.Body, g.undoField)
 	}
 	return r
 }

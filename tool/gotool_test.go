@@ -198,17 +198,6 @@ func TestRegister(t *testing.T) {
 	if r := NewGoTool(Spec{Name: "b", Effect: events.Compensable}, noop).Invoke(context.Background(), Call{}); r.Outcome != events.Failed || r.Kind != events.Final {
 		t.Fatalf("invalid tool ran: %+v", r)
 	}
-	// Go tools and HTTP tools share a registry.
-	file, err := Load("testdata/tools.yaml", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := file.Register(NewGoTool(Spec{Name: "local.echo", Effect: events.Idempotent}, noop)); err != nil {
-		t.Fatal(err)
-	}
-	if err := file.Register(NewGoTool(Spec{Name: "payments.charge", Effect: events.Idempotent}, noop)); !errors.Is(err, ErrDuplicateTool) {
-		t.Fatalf("a Go tool shadowed a file tool: %v", err)
-	}
 }
 
 type claimer struct{ s Spec }

@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
-	"regexp"
 	"strings"
 	"text/template/parse"
 	"time"
@@ -73,32 +71,27 @@ func (k Check) Result() Result {
 	if k.Verdict == Unchecked {
 		kind = events.Retryable
 	}
-	r := failed(kind, k.ErrorClass, errors.New(k.Reason))
+	r := FailedResult(kind, k.ErrorClass, errors.New(k.Reason))
 	r.StatusCode, r.RetryAfter = k.StatusCode, k.RetryAfter
 	return r
 }
 
-// precondition is the tools file's precondition: a request like reconcile's
-// and an expect schema on its 2xx body, with template actions standing for
-// the call's typed values.
-type precondition struct {
-	ep     endpoint
-	expect any // the decoded schema, actions not yet substituted
+// Expect is a precondition's expect: a JSON Schema on the answer's body in
+// which a string that is exactly one template action stands for the call's
+// typed value.
+type Expect struct {
+	doc any // the decoded schema, actions not yet substituted
 }
 
 // expectActions are the values an expect action may name.
 var expectActions = map[string]bool{"Args": true, "Principal": true, "Key": true, "OperationKey": true, "DownstreamID": true}
 
-// parsePrecondition checks expect: every string that holds a template action
-// must be exactly one action naming a field of the call, and the schema must
-// compile with the actions filled in.
-func parsePrecondition(ep endpoint, expect any) (*precondition, error) {
-	if expect == nil {
+// ParseExpect checks expect (JSON): every string that holds a template
+// action must be exactly one action naming a field of the call, and the
+// schema must compile with the actions filled in.
+func ParseExpect(raw json.RawMessage) (*Expect, error) {
+	if len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null" {
 		return nil, errors.New("expect: required (a JSON Schema on the 2xx body)")
-	}
-	raw, err := yamlToJSON(expect)
-	if err != nil {
-		return nil, fmt.Errorf("expect: cannot be expressed as JSON: %w", err)
 	}
 	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
 	if err != nil {
@@ -131,7 +124,7 @@ func parsePrecondition(ep endpoint, expect any) (*precondition, error) {
 	if compileErr != nil {
 		return nil, fmt.Errorf("expect: invalid JSON Schema: %w", compileErr)
 	}
-	return &precondition{ep: ep, expect: doc}, nil
+	return &Expect{doc: doc}, nil
 }
 
 // parseExpectAction returns the field path of a string that is exactly one
@@ -210,65 +203,10 @@ func compileDoc(doc any) (*jsonschema.Schema, error) {
 	return c.Compile("urn:effectline:expect")
 }
 
-// Check runs the tool's precondition: its request, then expect on a 2xx
-// body. A 404 or a body that does not match rejects the call; any other
-// answer leaves it unchecked.
-func (t *HTTPTool) Check(ctx context.Context, c Call) (Check, bool) {
-	p := t.precondition
-	if p == nil {
-		return Check{}, false
-	}
-	var body []byte
-	if m := p.ep.method; m != http.MethodGet && m != http.MethodHead && m != http.MethodDelete {
-		body = []byte(c.Args)
-		if len(bytes.TrimSpace(body)) == 0 {
-			body = []byte("{}")
-		}
-	}
-	r := t.call(ctx, p.ep, c, body)
-	url := ""
-	if u, err := p.ep.url.render(c); err == nil {
-		u.RawQuery = ""
-		url = u.String()
-	}
-	chk := Check{StatusCode: r.StatusCode}
-	switch {
-	case r.Outcome == events.Succeeded:
-		reason, err := p.verify(c, r.Body)
-		switch {
-		case err != nil:
-			chk.Verdict, chk.ErrorClass, chk.Reason = Rejected, ClassPreconditionFailed, err.Error()
-		case reason != "":
-			chk.Verdict, chk.ErrorClass, chk.Reason = Rejected, ClassPreconditionFailed, reason
-		default:
-			chk.Verdict = Passed
-		}
-	case r.StatusCode == http.StatusNotFound:
-		chk.Verdict, chk.ErrorClass = Rejected, ClassPreconditionFailed
-		chk.Reason = "the precondition's record does not exist (404)"
-	default:
-		chk.Verdict, chk.ErrorClass, chk.RetryAfter = Unchecked, ClassPreconditionUnavailable, r.RetryAfter
-		chk.Reason = "the precondition could not be checked: " + checkFailure(r)
-	}
-	chk.Evidence = checkEvidence("precondition", &t.spec, c, p.ep.method, url, chk, r.Body)
-	return chk, true
-}
-
-// checkFailure says why a precondition could not be asked, URL queries cut.
-func checkFailure(r Result) string {
-	if r.Err != nil {
-		return queryInError.ReplaceAllString(r.Err.Error(), "?…")
-	}
-	return r.ErrorClass
-}
-
-// queryInError matches the query of a URL quoted in an error: a URL
-// template may put args there.
-var queryInError = regexp.MustCompile(`\?[^\s"']*`)
-
-// verify checks body against expect filled in for c. The reason names the
-// failing field and why; err means expect could not be filled in.
-func (p *precondition) verify(c Call, body json.RawMessage) (reason string, err error) {
+// Verify checks body against expect filled in for c. The reason names the
+// failing field and why ("" when it matches); err means expect could not
+// be filled in for these args.
+func (x *Expect) Verify(c Call, body json.RawMessage) (reason string, err error) {
 	var args map[string]any
 	if len(bytes.TrimSpace(c.Args)) > 0 {
 		a, err := jsonschema.UnmarshalJSON(bytes.NewReader(c.Args))
@@ -278,7 +216,7 @@ func (p *precondition) verify(c Call, body json.RawMessage) (reason string, err 
 		args, _ = a.(map[string]any)
 	}
 	var missing []string
-	doc := substitute(p.expect, func(path []string) (any, bool) {
+	doc := substitute(x.doc, func(path []string) (any, bool) {
 		switch path[0] {
 		case "Principal":
 			return c.Principal, true
@@ -331,9 +269,10 @@ func (p *precondition) verify(c Call, body json.RawMessage) (reason string, err 
 	return "", nil
 }
 
-// checkEvidence is the journaled record of one check: what was asked, what
-// came back (redacted like a reconciliation's answer), and the verdict.
-func checkEvidence(check string, s *Spec, c Call, method, url string, chk Check, body json.RawMessage) json.RawMessage {
+// CheckEvidence is the journaled record of one check: which check, what was
+// asked (method and URL, for a request), what came back (redacted like a
+// reconciliation's answer), and the verdict.
+func CheckEvidence(check string, s *Spec, c Call, method, url string, chk Check, body json.RawMessage) json.RawMessage {
 	if len(body) > 0 {
 		body = s.RedactEcho(c.Args, body)
 		if len(body) > maxEvidenceBody {

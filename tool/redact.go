@@ -29,10 +29,8 @@ func (s *Spec) Redact(args json.RawMessage) json.RawMessage {
 	if len(bytes.TrimSpace(args)) == 0 {
 		return args
 	}
-	dec := json.NewDecoder(bytes.NewReader(args))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
+	v, err := decodeJSON(args)
+	if err != nil {
 		return json.RawMessage(`"` + Redacted + `"`)
 	}
 	doc := s.schemaDoc
@@ -41,14 +39,44 @@ func (s *Spec) Redact(args json.RawMessage) json.RawMessage {
 		sd.UseNumber()
 		_ = sd.Decode(&doc) // a broken schema only loses the schema's marks
 	}
-	v = redactValue(v, doc)
+	return unlessUnchanged(args, redactValue(v, doc))
+}
+
+// decodeJSON decodes b with numbers kept as written.
+func decodeJSON(b []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	err := dec.Decode(&v)
+	return v, err
+}
+
+// unlessUnchanged returns orig when red, the redacted decoding of orig,
+// holds nothing redaction changed, and red encoded otherwise. A stored
+// result that had nothing to hide keeps its bytes (its member order, its
+// spelling of numbers), so the redaction of every read path does not alter
+// what a client may compare or verify.
+func unlessUnchanged(orig []byte, red any) json.RawMessage {
+	out, err := encodeJSON(red)
+	if err != nil {
+		return json.RawMessage(`"` + Redacted + `"`)
+	}
+	if pristine, err := decodeJSON(orig); err == nil {
+		if same, err := encodeJSON(pristine); err == nil && bytes.Equal(same, out) {
+			return json.RawMessage(orig)
+		}
+	}
+	return out
+}
+
+func encodeJSON(v any) (json.RawMessage, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(v); err != nil {
-		return json.RawMessage(`"` + Redacted + `"`)
+		return nil, err
 	}
-	return json.RawMessage(bytes.TrimRight(buf.Bytes(), "\n"))
+	return json.RawMessage(bytes.TrimRight(buf.Bytes(), "\n")), nil
 }
 
 func redactValue(v any, schema any) any {
@@ -137,20 +165,11 @@ func (s *Spec) RedactEcho(args, body json.RawMessage) json.RawMessage {
 	if len(values) == 0 || len(bytes.TrimSpace(red)) == 0 {
 		return red
 	}
-	dec := json.NewDecoder(bytes.NewReader(red))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
+	v, err := decodeJSON(red)
+	if err != nil {
 		return json.RawMessage(`"` + Redacted + `"`)
 	}
-	v = replaceValues(v, values)
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return json.RawMessage(`"` + Redacted + `"`)
-	}
-	return json.RawMessage(bytes.TrimRight(buf.Bytes(), "\n"))
+	return unlessUnchanged(red, replaceValues(v, values))
 }
 
 // sensitiveValues returns the string and number values (as written) under

@@ -26,8 +26,10 @@ const DefaultIdempotencyHeader = "Idempotency-Key"
 // unknown outcome), its retry caps, who may use it, and what its arguments
 // look like.
 type Spec struct {
-	Name   string
-	Effect events.EffectClass
+	Name string
+	// Description tells a model what the tool does (the MCP catalogue).
+	Description string
+	Effect      events.EffectClass
 	// Caps bound automatic retries; zero fields take policy's defaults.
 	Caps             policy.Caps
 	RequiresApproval bool
@@ -50,6 +52,10 @@ type Spec struct {
 	// ArgsSchema is the JSON Schema the args must match; empty accepts any
 	// JSON object.
 	ArgsSchema json.RawMessage
+	// DedupWindow is how long a settled operation of this tool keeps its
+	// events and record before it is pruned to a tombstone. Zero means the
+	// deployment's default (EFFECTLINE_RETENTION).
+	DedupWindow time.Duration
 
 	// schema and schemaDoc are ArgsSchema compiled and decoded, set by
 	// Prepare so that validation does not recompile per call.
@@ -83,6 +89,9 @@ func (s *Spec) Prepare() error {
 		if err := s.Approval.prepare(); err != nil {
 			return fmt.Errorf("tool %q: %w", s.Name, err)
 		}
+	}
+	if s.DedupWindow < 0 {
+		return fmt.Errorf("tool %q: dedup_window must not be negative", s.Name)
 	}
 	if len(s.ArgsSchema) == 0 {
 		s.schema, s.schemaDoc = nil, nil
@@ -156,6 +165,13 @@ func (s *Spec) ValidateArgs(args json.RawMessage) error {
 		return &ArgsError{Tool: s.Name, Field: field, Reason: reason}
 	}
 	return nil
+}
+
+// CheckSchema reports whether raw compiles as an args_schema, with the
+// same rules [Spec.Prepare] applies (no $ref leaves the document).
+func CheckSchema(raw json.RawMessage) error {
+	_, _, err := compileSchema(raw)
+	return err
 }
 
 // schemaURL names the one resource each args_schema compiler holds.

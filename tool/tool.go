@@ -22,6 +22,7 @@ package tool
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"time"
 
 	"github.com/effectline/effectline/events"
@@ -113,14 +114,69 @@ type Reconciler interface {
 	Reconcile(ctx context.Context, c Call) Reconciliation
 }
 
-// succeeded, failed and unknown build Results; they keep the three outcomes
-// spelled one way across the package.
-func succeeded() Result { return Result{Outcome: events.Succeeded} }
+// DefaultDownstreamIDField is the field of a tool's JSON answer that holds
+// the downstream's id for the effect, unless the tool names another.
+const DefaultDownstreamIDField = "id"
 
-func failed(kind events.FailureKind, class string, err error) Result {
+// SucceededResult, FailedResult and UnknownResult build Results; they keep
+// the three outcomes spelled one way across the tools.
+func SucceededResult() Result { return Result{Outcome: events.Succeeded} }
+
+// FailedResult is a Failed Result of the given kind and error class.
+func FailedResult(kind events.FailureKind, class string, err error) Result {
 	return Result{Outcome: events.Failed, Kind: kind, ErrorClass: class, Err: err}
 }
 
-func unknown(class string, err error) Result {
+// UnknownResult is an Unknown Result of the given error class.
+func UnknownResult(class string, err error) Result {
 	return Result{Outcome: events.Unknown, ErrorClass: class, Err: err}
+}
+
+// JSONBody returns body if it is JSON, else body as a JSON string; empty is nil.
+func JSONBody(body []byte) json.RawMessage {
+	if len(strings.TrimSpace(string(body))) == 0 {
+		return nil
+	}
+	if json.Valid(body) {
+		return json.RawMessage(append([]byte(nil), body...))
+	}
+	s, _ := json.Marshal(string(body)) // invalid UTF-8 becomes U+FFFD
+	return s
+}
+
+// BodyField reads a top-level string or number field from a JSON object.
+func BodyField(body json.RawMessage, field string) string {
+	if field == "" || len(body) == 0 || body[0] != '{' {
+		return ""
+	}
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(body, &obj) != nil {
+		return ""
+	}
+	raw, ok := obj[field]
+	if !ok {
+		return ""
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var n json.Number
+	if json.Unmarshal(raw, &n) == nil {
+		return n.String()
+	}
+	return ""
+}
+
+// Preflight runs the checks every tool makes before anything is sent: the
+// principal is still allowed, and the args match the schema. Both failures
+// are final: nothing was sent, and the same call would fail the same way.
+func (s *Spec) Preflight(c Call) (Result, bool) {
+	if err := s.Authorize(c.Principal); err != nil {
+		return FailedResult(events.Final, "forbidden", err), false
+	}
+	if err := s.ValidateArgs(c.Args); err != nil {
+		return FailedResult(events.Final, "invalid_args", err), false
+	}
+	return Result{}, true
 }

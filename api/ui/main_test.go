@@ -25,6 +25,7 @@ import (
 	"github.com/effectline/effectline/reconciler"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
+	"github.com/effectline/effectline/tool/httptool"
 )
 
 // The UI's tests run it mounted in the real HTTP API, with the real
@@ -145,7 +146,7 @@ func setupApproval(t *testing.T, opts ...option) (*fixture, *tool.Registry) {
 		t.Fatal(err)
 	}
 	st := store.New(pool)
-	reg, err := tool.Parse([]byte(uiToolsFile), nil)
+	reg, err := httptool.Parse([]byte(uiToolsFile), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

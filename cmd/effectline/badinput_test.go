@@ -459,7 +459,7 @@ func TestBadInputEndToEnd(t *testing.T) {
 		}
 		var warnings []string
 		for _, line := range strings.Split(p.output(), "\n") {
-			if strings.Contains(line, "rejected a malformed intent message") {
+			if strings.Contains(line, "rejected a message that can never be handled") {
 				warnings = append(warnings, line)
 			}
 		}

@@ -2,25 +2,101 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"time"
 
+	"github.com/effectline/effectline/api"
+	"github.com/effectline/effectline/cmd/effectline/app"
+	"github.com/effectline/effectline/cmd/effectline/loadgen"
 	"github.com/effectline/effectline/projector"
 	"github.com/effectline/effectline/store"
 )
+
+// runComponents is `effectline run`.
+func runComponents(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlags("run", stderr)
+	list := fs.String("components", "", "comma-separated: relay,executor,projector,reconciler,workflow,api")
+	insecure := fs.Bool("insecure-open", false, "serve the API without tokens (every caller is the approver 'dev'); for closed networks only")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	names, err := app.ParseComponents(*list)
+	if err != nil {
+		return err
+	}
+	cfg, err := app.FromEnv(getenv)
+	if err != nil {
+		return err
+	}
+	cfg.InsecureOpen = cfg.InsecureOpen || *insecure
+	if len(cfg.KafkaBrokers) == 0 {
+		return fmt.Errorf("%s is required: the Kafka bootstrap brokers, e.g. kafka-1:9092,kafka-2:9092", app.EnvKafkaBrokers)
+	}
+	if slices.Contains(names, app.API) && cfg.APITokens == "" && !cfg.InsecureOpen {
+		return api.ErrNoTokens
+	}
+	if slices.Contains(names, app.API) {
+		// Weak credentials are refused before anything connects, with a
+		// message naming the principal (never the token).
+		tokens, err := api.ParseTokens(cfg.APITokens)
+		if err != nil {
+			return err
+		}
+		if err := (api.Config{Tokens: tokens, Approvers: cfg.Approvers, Open: cfg.InsecureOpen && len(tokens) == 0}).CheckCredentials(); err != nil {
+			return err
+		}
+	}
+	a, err := app.Open(ctx, app.Options{Config: cfg, Stdout: stdout, Getenv: getenv, Components: names,
+		Service: "effectline", Version: version, APIDrain: min(app.APIShutdownDelay, cfg.ShutdownGrace)})
+	if err != nil {
+		return err
+	}
+	a.Log.Info("effectline running", "components", names, "version", version)
+	return a.Run(ctx)
+}
+
+// runBench is `effectline bench` (package loadgen).
+func runBench(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlags("bench", stderr)
+	var bc loadgen.Config
+	fs.IntVar(&bc.N, "n", 5000, "operations to run")
+	fs.IntVar(&bc.Warmup, "warmup", 200, "operations run to completion first, not measured (consumer groups joined, connections open)")
+	fs.IntVar(&bc.Rate, "rate", 0, "operations per second (0: flat out)")
+	fs.IntVar(&bc.Batch, "batch", 20, "intents per agent transaction (flat out)")
+	fs.IntVar(&bc.Concurrency, "concurrency", 8, "agent transactions in flight (flat out)")
+	fs.DurationVar(&bc.Timeout, "timeout", 5*time.Minute, "give up waiting after this long")
+	fs.BoolVar(&bc.Keep, "keep", false, "keep the benchmark database")
+	fs.StringVar(&bc.Via, "via", "outbox", "how intents come in: outbox (the agent's transactions) or http (POST /v1/intents)")
+	fs.BoolVar(&bc.Wait, "wait", false, "with -via http: each POST asks Prefer: wait=20 and the agent-perceived latency to its 200 is reported")
+	fs.StringVar(&bc.CPUProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	cfg, err := app.FromEnv(getenv)
+	if err != nil {
+		return err
+	}
+	err = loadgen.Run(ctx, bc, cfg, getenv, stdout, stderr)
+	if errors.Is(err, loadgen.ErrConfig) {
+		err = fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return err
+}
 
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlags("migrate", stderr)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	cfg, err := configFromEnv(getenv)
+	cfg, err := app.FromEnv(getenv)
 	if err != nil {
 		return err
 	}
-	pool, err := connectDatabase(ctx, cfg.DatabaseURL)
+	pool, err := app.ConnectDatabase(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
@@ -46,11 +122,11 @@ func runProjectorCmd(ctx context.Context, args []string, getenv func(string) str
 	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
 	}
-	cfg, err := configFromEnv(getenv)
+	cfg, err := app.FromEnv(getenv)
 	if err != nil {
 		return err
 	}
-	pool, err := connectDatabase(ctx, cfg.DatabaseURL)
+	pool, err := app.ConnectDatabase(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
@@ -75,9 +151,9 @@ func runHealthcheck(ctx context.Context, args []string, getenv func(string) stri
 		url = args[0]
 	}
 	if url == "" {
-		addr := getenv(envHTTPAddr)
+		addr := getenv(app.EnvHTTPAddr)
 		if addr == "" {
-			addr = defaultHTTPAddr
+			addr = app.DefaultHTTPAddr
 		}
 		url = "http://" + addr + "/healthz"
 	}

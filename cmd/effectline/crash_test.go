@@ -1,10 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -125,7 +128,11 @@ func runCrashCell(t *testing.T, point, toolName string, class events.EffectClass
 	} else {
 		crashEnv[envCrashPoint] = point
 	}
-	first := start(t, "executor (crashing)", w.with(crashEnv), "run", "--components", "relay,executor")
+	bin, err := crashBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := startBinary(t, bin, "executor (crashing)", w.with(crashEnv), "run", "--components", "relay,executor")
 	pool := testenv.NewPool(t, w.db)
 	st := store.New(pool)
 	ctx := untilCtx(t, 90*time.Second)
@@ -224,6 +231,25 @@ func waitForSoft(ctx context.Context, cond func() bool) bool {
 		case <-ctx.Done():
 			return false
 		case <-time.After(25 * time.Millisecond):
+		}
+	}
+}
+
+// TestCrashPointOnlyInTaggedBuild: the production build has no crash hook.
+// Its binary does not even hold the variable's name, so nothing can set
+// it; the build the crash tests use does.
+func TestCrashPointOnlyInTaggedBuild(t *testing.T) {
+	tagged, err := crashBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for bin, want := range map[string]bool{binary: false, tagged: true} {
+		b, err := os.ReadFile(bin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := bytes.Contains(b, []byte(envCrashPoint)); got != want {
+			t.Errorf("%s holds %s: %v, want %v", filepath.Base(bin), envCrashPoint, got, want)
 		}
 	}
 }

@@ -5,7 +5,7 @@ package main
 // compiler notices when they drift from the binary: a renamed variable, a new
 // component without a service, a probe on the wrong path, a port published on
 // every interface, a real secret pasted into a manifest. These tests parse the
-// files and hold them to what the binary reads (EnvVars, Components).
+// files and hold them to what the binary reads (app.EnvVars, app.Components).
 //
 // Identifiers here start with "deploy" so they cannot collide with the rest of
 // package main's tests.
@@ -28,6 +28,8 @@ import (
 	"testing"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/effectline/effectline/cmd/effectline/app"
 )
 
 // Paths relative to the repository root.
@@ -49,11 +51,11 @@ const (
 // deployToolUsers are the components that load the tools file: the executor
 // calls the tools, the reconciler asks them "did it happen?" and verifies
 // their webhooks, the api validates intents against their args_schema.
-var deployToolUsers = []string{componentExecutor, componentReconciler, componentAPI}
+var deployToolUsers = []string{app.Executor, app.Reconciler, app.API}
 
 // deployPartitionBound are the components that consume a topic in a consumer
 // group: replicas beyond the topic's partitions would sit idle.
-var deployPartitionBound = []string{componentExecutor, componentProjector, componentReconciler}
+var deployPartitionBound = []string{app.Executor, app.Projector, app.Reconciler}
 
 // deploySecretName matches environment variables and config keys that hold
 // credentials.
@@ -91,8 +93,8 @@ func TestDeployEnvVarsAreKnown(t *testing.T) {
 		for i, line := range strings.Split(string(deployRead(t, f)), "\n") {
 			for _, v := range name.FindAllString(line, -1) {
 				seen++
-				if !slices.Contains(EnvVars, v) {
-					t.Errorf("%s:%d: %s is not an environment variable the binary reads (EnvVars: %v)", f, i+1, v, EnvVars)
+				if !slices.Contains(app.EnvVars, v) {
+					t.Errorf("%s:%d: %s is not an environment variable the binary reads (app.EnvVars: %v)", f, i+1, v, app.EnvVars)
 				}
 			}
 		}
@@ -267,7 +269,7 @@ func TestDeployCompose(t *testing.T) {
 		}
 		comp, ok := deployRunsComponent(s.Command)
 		if !ok {
-			t.Errorf("service %s: command %q, want [run --components <one component>] with a component of %v", name, s.Command, Components)
+			t.Errorf("service %s: command %q, want [run --components <one component>] with a component of %v", name, s.Command, app.Components)
 			continue
 		}
 		if comp != name {
@@ -278,7 +280,7 @@ func TestDeployCompose(t *testing.T) {
 		}
 		byComponent[comp] = name
 	}
-	for _, comp := range Components {
+	for _, comp := range app.Components {
 		name, ok := byComponent[comp]
 		if !ok {
 			t.Errorf("component %s has no service running `run --components %s` built from %s", comp, comp, deployDockerfile)
@@ -354,12 +356,12 @@ func deployCheckComposeComponent(t *testing.T, c deployCompose, name, comp strin
 		}
 	}
 
-	if comp == componentAPI {
+	if comp == app.API {
 		principals, err := deployTokenPrincipals(s.Environment[envAPITokens])
 		if err != nil {
 			t.Errorf("service %s: %s: %v", name, envAPITokens, err)
 		}
-		approvers := splitList(s.Environment[envApprovers])
+		approvers := app.SplitList(s.Environment[envApprovers])
 		if len(approvers) == 0 {
 			t.Errorf("service %s: %s is empty: nobody could decide an escalation", name, envApprovers)
 		}
@@ -394,7 +396,7 @@ func deployCheckComposeEnv(t *testing.T, c deployCompose, name string, advertise
 		t.Errorf("service %s: %s=%q, want 0.0.0.0:PORT inside a container", name, envHTTPAddr, env[envHTTPAddr])
 	}
 
-	brokers := splitList(env[envKafkaBrokers])
+	brokers := app.SplitList(env[envKafkaBrokers])
 	if len(brokers) == 0 {
 		t.Errorf("service %s: %s is not set", name, envKafkaBrokers)
 	}
@@ -451,7 +453,7 @@ func deployRunsComponent(args []string) (string, bool) {
 	if len(args) != 3 || args[0] != "run" || args[1] != "--components" {
 		return "", false
 	}
-	list, err := parseComponents(args[2])
+	list, err := app.ParseComponents(args[2])
 	if err != nil || len(list) != 1 {
 		return "", false
 	}
@@ -461,7 +463,7 @@ func deployRunsComponent(args []string) (string, bool) {
 // deployAdvertised returns the host:port of each advertised listener on host.
 func deployAdvertised(listeners, host string) []string {
 	var out []string
-	for _, l := range splitList(listeners) {
+	for _, l := range app.SplitList(listeners) {
 		_, addr, ok := strings.Cut(l, "://")
 		if h, _, err := net.SplitHostPort(addr); ok && err == nil && h == host {
 			out = append(out, addr)
@@ -487,7 +489,7 @@ func deployParsePort(p string) (ip, host, container string, err error) {
 
 func deployTokenPrincipals(tokens string) ([]string, error) {
 	var names []string
-	for _, pair := range splitList(tokens) {
+	for _, pair := range app.SplitList(tokens) {
 		name, tok, ok := strings.Cut(pair, "=")
 		if !ok || name == "" || tok == "" {
 			return nil, fmt.Errorf("%q is not name=token", pair)
@@ -528,7 +530,7 @@ func deployCheckSecretValue(name, value string) error {
 	}
 	if name == envAPITokens {
 		// Every token, not just one of them.
-		for _, pair := range splitList(value) {
+		for _, pair := range app.SplitList(value) {
 			if _, tok, _ := strings.Cut(pair, "="); !strings.Contains(tok, deployPlaceholder) {
 				return fmt.Errorf("%s holds a token that is not a %s placeholder", name, deployPlaceholder)
 			}
@@ -837,7 +839,7 @@ func TestDeployKubernetes(t *testing.T) {
 		ctr := spec.Template.Spec.Containers[0]
 		comp, ok := deployRunsComponent(ctr.Args)
 		if !ok || (len(ctr.Command) > 0 && !reflect.DeepEqual(ctr.Command, []string{deployBinary})) {
-			t.Errorf("%s: command %q args %q, want args [run --components <one component>] with a component of %v", o.file, ctr.Command, ctr.Args, Components)
+			t.Errorf("%s: command %q args %q, want args [run --components <one component>] with a component of %v", o.file, ctr.Command, ctr.Args, app.Components)
 			continue
 		}
 		if prev, dup := deployments[comp]; dup {
@@ -868,7 +870,7 @@ func TestDeployKubernetes(t *testing.T) {
 			}
 		})
 	}
-	for _, comp := range Components {
+	for _, comp := range app.Components {
 		if _, ok := deployments[comp]; !ok {
 			t.Errorf("component %s has no Deployment running `run --components %s`", comp, comp)
 		}
@@ -915,12 +917,12 @@ func TestDeployKubernetes(t *testing.T) {
 			t.Fatalf("%s: %v", o.file, err)
 		}
 		for comp, tmpl := range templates {
-			if selects := len(spec.Selector) > 0 && deploySubset(spec.Selector, tmpl.Metadata.Labels); selects != (comp == componentAPI) {
+			if selects := len(spec.Selector) > 0 && deploySubset(spec.Selector, tmpl.Metadata.Labels); selects != (comp == app.API) {
 				t.Errorf("%s: Service %s selects %s pods: %v, want only the api's", o.file, o.Metadata.Name, comp, selects)
 			}
 		}
 		for _, p := range spec.Ports {
-			if !deployIsHTTPPort(p.TargetPort, templates[componentAPI]) {
+			if !deployIsHTTPPort(p.TargetPort, templates[app.API]) {
 				t.Errorf("%s: targetPort %q is not the api container's HTTP port", o.file, p.TargetPort)
 			}
 		}
@@ -937,7 +939,7 @@ func TestDeployKubernetes(t *testing.T) {
 		if err := o.Spec.Decode(&spec); err != nil {
 			t.Fatalf("%s: %v", o.file, err)
 		}
-		if len(spec.Selector.MatchLabels) > 0 && deploySubset(spec.Selector.MatchLabels, templates[componentExecutor].Metadata.Labels) {
+		if len(spec.Selector.MatchLabels) > 0 && deploySubset(spec.Selector.MatchLabels, templates[app.Executor].Metadata.Labels) {
 			covered = true
 		}
 	}
@@ -1114,11 +1116,11 @@ func deployCheckComponentPod(t *testing.T, k deployK8s, file, comp string, tmpl 
 		}
 	}
 
-	if comp == componentAPI {
+	if comp == app.API {
 		if v, ok := env[envAPITokens]; !ok || v.secretRef == nil {
 			t.Errorf("%s: %s must come from the Secret (secretKeyRef)", file, envAPITokens)
 		}
-		if len(splitList(env[envApprovers].value)) == 0 {
+		if len(app.SplitList(env[envApprovers].value)) == 0 {
 			t.Errorf("%s: %s is empty: nobody could decide an escalation", file, envApprovers)
 		}
 	}
@@ -1320,11 +1322,11 @@ func TestDeployDockerfile(t *testing.T) {
 	if !reflect.DeepEqual(entrypoint, []string{deployBinary}) {
 		t.Errorf("%s: ENTRYPOINT %q, want [%q]", deployDockerfile, entrypoint, deployBinary)
 	}
-	if want := []string{"run", "--components", strings.Join(Components, ",")}; !reflect.DeepEqual(cmd, want) {
+	if want := []string{"run", "--components", strings.Join(app.Components, ",")}; !reflect.DeepEqual(cmd, want) {
 		t.Errorf("%s: CMD %q, want %q (every component)", deployDockerfile, cmd, want)
 	}
 	for k := range envs {
-		if strings.HasPrefix(k, "EFFECTLINE_") && !slices.Contains(EnvVars, k) {
+		if strings.HasPrefix(k, "EFFECTLINE_") && !slices.Contains(app.EnvVars, k) {
 			t.Errorf("%s: ENV %s is not a variable the binary reads", deployDockerfile, k)
 		}
 	}

@@ -4,13 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"strings"
 
-	"github.com/twmb/franz-go/pkg/kfake"
-
+	"github.com/effectline/effectline/cmd/effectline/app"
 	"github.com/effectline/effectline/cmd/effectline/demo"
 	"github.com/effectline/effectline/tool"
+	"github.com/effectline/effectline/tool/httptool"
 )
 
 // runDev is `effectline dev`: every component in one process, on an embedded
@@ -18,13 +17,13 @@ import (
 func runDev(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlags("dev", stderr)
 	runDemo := fs.Bool("demo", false, "start demo tools with realistic faults and run the worked example")
-	toolsFile := fs.String("tools", "", "the tools file (default $"+envTools+")")
+	toolsFile := fs.String("tools", "", "the tools file (default $"+app.EnvTools+")")
 	orderID := fs.String("order-id", "ord-1001", "with --demo: the order to place; the same id resumes it")
 	exitAfter := fs.Bool("exit-after-demo", false, "with --demo: exit when the example is done instead of serving")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	cfg, err := configFromEnv(getenv)
+	cfg, err := app.FromEnv(getenv)
 	if err != nil {
 		return err
 	}
@@ -42,7 +41,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 			return fmt.Errorf("starting the demo tools: %w", err)
 		}
 		defer downstream.Close()
-		if registry, err = tool.Parse([]byte(downstream.ToolsYAML()), getenv); err != nil {
+		if registry, err = httptool.Parse([]byte(downstream.ToolsYAML()), getenv); err != nil {
 			return fmt.Errorf("demo tools: %w", err)
 		}
 		if cfg.ToolsFile != "" {
@@ -50,58 +49,49 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 		}
 	}
 
-	brokerNote := "from " + envKafkaBrokers
+	brokerNote := "from " + app.EnvKafkaBrokers
 	if len(cfg.KafkaBrokers) == 0 {
-		cluster, err := startEmbeddedBroker(cfg.Partitions)
+		cluster, err := app.StartEmbeddedBroker(cfg.Partitions)
 		if err != nil {
 			return err
 		}
 		defer cluster.Close()
 		cfg.KafkaBrokers = cluster.ListenAddrs()
-		brokerNote = "embedded Kafka-protocol broker (kfake); set " + envKafkaBrokers + " to use a real cluster"
+		brokerNote = "embedded Kafka-protocol broker (kfake); set " + app.EnvKafkaBrokers + " to use a real cluster"
 	}
 	open := cfg.APITokens == ""
 
-	a, err := newApp(ctx, appOptions{
-		cfg: cfg, stdout: stderr, getenv: getenv, components: Components, migrate: true,
-		tools: registry, open: open, service: "effectline-dev",
+	a, err := app.Open(ctx, app.Options{
+		Config: cfg, Stdout: stderr, Getenv: getenv, Components: app.Components, Migrate: true,
+		Tools: registry, Open: open, Service: "effectline-dev", Version: version,
 	})
 	if err != nil {
 		return err
 	}
-	if err := ensureTopics(ctx, a); err != nil {
-		a.close(ctx)
-		return err
-	}
-	comps, err := a.build(Components)
-	if err != nil {
-		a.close(ctx)
-		return err
-	}
 
-	base := "http://" + a.apiSrv.Addr()
+	base := "http://" + a.APIAddr()
 	fmt.Fprintf(stdout, "effectline dev %s\n", version)
 	fmt.Fprintf(stdout, "  API       %s/v1/  (OpenAPI: %s/v1/openapi.json)\n", base, base)
 	if open {
-		fmt.Fprintf(stdout, "            open: %s is not set, so every request, decisions included, is the approver \"dev\"\n", envAPITokens)
+		fmt.Fprintf(stdout, "            open: %s is not set, so every request, decisions included, is the approver \"dev\"\n", app.EnvAPITokens)
 	}
 	fmt.Fprintf(stdout, "  UI        %s/ui/\n", base)
 	fmt.Fprintf(stdout, "  metrics   %s/metrics\n", base)
 	fmt.Fprintf(stdout, "  broker    %s  (%s)\n", strings.Join(cfg.KafkaBrokers, ","), brokerNote)
-	fmt.Fprintf(stdout, "  database  %s\n", redactURL(cfg.DatabaseURL))
-	if len(a.tools.Names()) == 0 {
-		fmt.Fprintf(stdout, "  tools     none: pass --tools FILE or set %s (or try --demo)\n", envTools)
+	fmt.Fprintf(stdout, "  database  %s\n", app.RedactURL(cfg.DatabaseURL))
+	if len(a.Tools.Names()) == 0 {
+		fmt.Fprintf(stdout, "  tools     none: pass --tools FILE or set %s (or try --demo)\n", app.EnvTools)
 	} else {
-		fmt.Fprintf(stdout, "  tools     %s\n", strings.Join(a.tools.Names(), ", "))
+		fmt.Fprintf(stdout, "  tools     %s\n", strings.Join(a.Tools.Names(), ", "))
 	}
 
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
 	done := make(chan error, 1)
-	go func() { done <- a.runAll(runCtx, comps) }()
+	go func() { done <- a.Run(runCtx) }()
 
 	if *runDemo {
-		sum, err := demo.Run(runCtx, demo.Config{Store: a.store, Downstream: downstream, Out: stdout, OrderID: *orderID, TopicPrefix: a.kafka.TopicPrefix})
+		sum, err := demo.Run(runCtx, demo.Config{Store: a.Store, Downstream: downstream, Out: stdout, OrderID: *orderID, TopicPrefix: a.Kafka.TopicPrefix})
 		if err != nil {
 			stopRun()
 			<-done
@@ -117,27 +107,4 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 		fmt.Fprintf(stdout, "\nServing until Ctrl-C: explore %s/ui/ and %s/v1/operations\n", base, base)
 	}
 	return <-done
-}
-
-// startEmbeddedBroker starts kfake on 127.0.0.1 only. Topics are created by
-// the normal provisioning path, as on a real cluster.
-func startEmbeddedBroker(partitions int32) (*kfake.Cluster, error) {
-	if partitions <= 0 {
-		partitions = 12
-	}
-	c, err := kfake.NewCluster(
-		kfake.NumBrokers(1),
-		kfake.DefaultNumPartitions(int(partitions)),
-		kfake.ListenFn(func(network, address string) (net.Listener, error) {
-			_, port, err := net.SplitHostPort(address)
-			if err != nil {
-				return nil, err
-			}
-			return net.Listen(network, net.JoinHostPort("127.0.0.1", port))
-		}),
-	)
-	if err != nil {
-		return nil, fmt.Errorf("starting the embedded broker: %w", err)
-	}
-	return c, nil
 }

@@ -995,7 +995,7 @@ func faultIntentsProducer(t *testing.T, brokers []string) (sarama.SyncProducer, 
 // to the intents topic as a non-Go producer would.
 func faultProduceIntent(t *testing.T, pr sarama.SyncProducer, cfg kafka.Config, env events.Envelope, raw []byte) {
 	t.Helper()
-	msg := kafka.ProducerMessage(kafka.Record{Topic: cfg.Topic(events.TopicIntents), Envelope: env, Raw: raw})
+	msg := kafka.ProducerMessage(kafka.EventRecord(context.Background(), cfg.Topic(events.TopicIntents), env, raw))
 	if _, _, err := pr.SendMessage(msg); err != nil {
 		t.Fatalf("producing the intent of %s: %v", env.OperationKey, err)
 	}

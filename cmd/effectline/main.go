@@ -49,9 +49,10 @@ const usage = `effectline runs the side effects AI agents ask for, exactly once 
 
 Usage:
   effectline dev [--demo] [--tools FILE]       everything in one process, embedded Kafka-protocol broker
-  effectline run --components LIST             production: any of relay,executor,projector,reconciler,api
+  effectline run --components LIST             production: any of relay,executor,projector,reconciler,workflow,api
   effectline migrate                           apply the database schema
   effectline projector rebuild                 rebuild the operation_state read model from the event store
+  effectline prune                             prune settled operations past their dedup_window to tombstones, now
   effectline bench [flags]                     drive intents through the whole pipeline and report
   effectline healthcheck [URL]                 exit 0 when URL (default the local /healthz) answers 2xx
   effectline ops COMMAND                       the operator's tool: list, show, watch, decide, workflows, dlq
@@ -79,6 +80,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runMigrate(ctx, rest, getenv, stdout, stderr)
 	case "projector":
 		return runProjectorCmd(ctx, rest, getenv, stdout, stderr)
+	case "prune":
+		return runPrune(ctx, rest, getenv, stdout, stderr)
 	case "bench":
 		return runBench(ctx, rest, getenv, stdout, stderr)
 	case "healthcheck":

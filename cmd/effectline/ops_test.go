@@ -31,7 +31,7 @@ func TestOps(t *testing.T) {
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	start(t, "effectline run", w.with(map[string]string{
 		envHTTPAddr:  addr,
-		envAPITokens: "agent=tok-agent,alice=tok-alice",
+		envAPITokens: "agent=tok-agent-7f3e91c2,alice=tok-alice-5b8d04aa",
 		envApprovers: "alice",
 		envLogLevel:  "warn",
 	}), "run", "--components", "relay,executor,projector,reconciler,api")
@@ -45,14 +45,14 @@ func TestOps(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
-	agent := opsEnv{url: base, token: "tok-agent", brokers: strings.Join(w.broker.Addrs, ",")}
+	agent := opsEnv{url: base, token: "tok-agent-7f3e91c2", brokers: strings.Join(w.broker.Addrs, ",")}
 	alice := agent
-	alice.token = "tok-alice"
+	alice.token = "tok-alice-5b8d04aa"
 
 	// Three operations that complete at once.
 	keys := []string{"ops/cache-1", "ops/cache-2", "ops/cache-3"}
 	for _, k := range keys {
-		opsPostIntent(t, ctx, base, "tok-agent", k, "cache.set", `{"k":"v"}`)
+		opsPostIntent(t, ctx, base, "tok-agent-7f3e91c2", k, "cache.set", `{"k":"v"}`)
 	}
 	for _, k := range keys {
 		opsWaitStatus(t, ctx, agent, k, "completed")
@@ -131,7 +131,7 @@ func TestOps(t *testing.T) {
 		const key = "ops/watched"
 		w.fake.Script(testenv.RouteInvoke, testenv.FaultFailBeforeEffect(http.StatusServiceUnavailable, ""),
 			testenv.FaultStall(1500*time.Millisecond))
-		opsPostIntent(t, ctx, base, "tok-agent", key, "inventory.reserve", `{"sku":"A-1","qty":1}`)
+		opsPostIntent(t, ctx, base, "tok-agent-7f3e91c2", key, "inventory.reserve", `{"sku":"A-1","qty":1}`)
 		out := agent.ok(t, "watch", key, "--json")
 		var types []string
 		sc := bufio.NewScanner(strings.NewReader(out))
@@ -170,7 +170,7 @@ func TestOps(t *testing.T) {
 		// reconciler finds nothing, so it escalates to the approval gate.
 		const key = "ops/escalated"
 		w.fake.Script(testenv.RouteInvoke, testenv.FaultFailBeforeEffect(http.StatusInternalServerError, ""))
-		opsPostIntent(t, ctx, base, "tok-agent", key, "payments.charge", `{"amount":100}`)
+		opsPostIntent(t, ctx, base, "tok-agent-7f3e91c2", key, "payments.charge", `{"amount":100}`)
 		opsWaitStatus(t, ctx, agent, key, "escalated")
 		table := agent.ok(t, "show", key)
 		if !strings.Contains(table, "escalated") || !strings.Contains(table, "proposed_action") {

@@ -23,6 +23,19 @@ import (
 // they run the program the way a user does.
 var binary string
 
+// crashBinary is the same program built with -tags crashpoints, which
+// alone honors EFFECTLINE_CRASHPOINT; built on first use by the crash
+// tests, beside binary.
+var crashBinary = sync.OnceValues(func() (string, error) {
+	path := binary + "-crashpoints"
+	build := exec.Command("go", "build", "-tags", "crashpoints", "-o", path, ".")
+	out, err := build.CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("building effectline -tags crashpoints: %v\n%s", err, out)
+	}
+	return path, nil
+})
+
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "effectline-e2e-")
 	if err != nil {
@@ -57,7 +70,13 @@ type proc struct {
 // start runs the binary with env added to a clean environment.
 func start(t *testing.T, name string, env map[string]string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(binary, args...)
+	return startBinary(t, binary, name, env, args...)
+}
+
+// startBinary is start with another build of the program (crashBinary).
+func startBinary(t *testing.T, bin, name string, env map[string]string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)

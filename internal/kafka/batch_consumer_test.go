@@ -30,7 +30,7 @@ func TestDeferredBatchConsumerCommitsOnlyDurableBatches(t *testing.T) {
 	for i := range n {
 		recs = append(recs, producerRecord(topic, "k", int64(i+1), 10))
 	}
-	if err := p.Send(recs); err != nil {
+	if err := p.Send(context.Background(), recs); err != nil {
 		t.Fatal(err)
 	}
 
@@ -38,7 +38,7 @@ func TestDeferredBatchConsumerCommitsOnlyDurableBatches(t *testing.T) {
 	defer cancel()
 	handed := make(chan handedBatch)
 	const group = "deferred"
-	c, err := kafka.NewDeferredBatchConsumer(cfg, group, topic, 0, func(ctx context.Context, msgs []*sarama.ConsumerMessage) (kafka.Durable, error) {
+	c, err := kafka.NewDeferredBatchConsumer(cfg, kafka.ConsumerConfig{Group: group, Topic: topic}, func(ctx context.Context, msgs []*kafka.Message) (kafka.Durable, error) {
 		b := handedBatch{first: msgs[0].Offset, last: msgs[len(msgs)-1].Offset, settle: make(chan error, 1)}
 		select {
 		case handed <- b:
@@ -46,7 +46,7 @@ func TestDeferredBatchConsumerCommitsOnlyDurableBatches(t *testing.T) {
 			return nil, ctx.Err()
 		}
 		return b.settle, nil
-	}, nil)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -68,11 +68,12 @@ func BenchmarkConsumers(b *testing.B) {
 					}()
 				}
 			case "batch":
-				c, err := kafka.NewBatchConsumer(cfg, "bench-batch", topic, 512, func(ctx context.Context, ms []*sarama.ConsumerMessage) error {
+				c, err := kafka.NewBatchConsumer(cfg, kafka.ConsumerConfig{Group: "bench-batch", Topic: topic,
+					Logger: slog.New(slog.DiscardHandler)}, func(ctx context.Context, ms []*kafka.Message) error {
 					time.Sleep(commitLatency)
 					count(len(ms))
 					return nil
-				}, slog.New(slog.DiscardHandler))
+				})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/effectline/effectline/internal/kafka"
@@ -43,13 +42,13 @@ func TestWatermillLoggerIsOneLevelQuieter(t *testing.T) {
 }
 
 func TestConcurrentlyHandlesEveryMessageAndFailsTheBatch(t *testing.T) {
-	msgs := make([]*sarama.ConsumerMessage, 20)
+	msgs := make([]*kafka.Message, 20)
 	for i := range msgs {
-		msgs[i] = &sarama.ConsumerMessage{Offset: int64(i)}
+		msgs[i] = &kafka.Message{Offset: int64(i)}
 	}
 	var seen atomic.Int64
 	boom := errors.New("boom")
-	h := kafka.Concurrently(func(_ context.Context, m *sarama.ConsumerMessage) error {
+	h := kafka.Concurrently(func(_ context.Context, m *kafka.Message) error {
 		seen.Add(1)
 		if m.Offset == 7 {
 			return boom

@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -69,12 +70,17 @@ func produceRequestVersion(v sarama.KafkaVersion) int16 {
 	return 3
 }
 
-// Send publishes records and waits for every acknowledgement. On error some
-// records may have been published: the relay republishes the whole batch,
-// and consumers deduplicate by (operation_key, seq).
-func (p *Producer) Send(records []Record) error {
+// Send publishes records and waits for every acknowledgement, or until ctx
+// ends. On error some records may have been published: the relay
+// republishes the whole batch, and consumers deduplicate by
+// (operation_key, seq). A request already sent when ctx ends is not
+// recalled; its records may still be appended.
+func (p *Producer) Send(ctx context.Context, records []Record) error {
 	parts := partitioners{}
 	for len(records) > 0 {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		reqs, rest, err := p.requests(records, parts)
 		if err != nil {
 			return err
@@ -85,8 +91,13 @@ func (p *Producer) Send(records []Record) error {
 		}
 		var first error
 		for range reqs {
-			if err := <-errs; err != nil && first == nil {
-				first = err
+			select {
+			case err := <-errs:
+				if err != nil && first == nil {
+					first = err
+				}
+			case <-ctx.Done():
+				return ctx.Err()
 			}
 		}
 		if first != nil {
@@ -127,7 +138,10 @@ func (p *Producer) requests(records []Record, parts partitioners) (_ map[*sarama
 		// A conservative size: the record's bytes and a margin for its
 		// framing and headers. One record over the limit still goes, alone,
 		// and the broker says why it refuses it.
-		size := len(r.Raw) + len(r.Envelope.OperationKey) + 512
+		size := len(r.Value) + len(r.Key) + 512
+		for _, h := range r.Headers {
+			size += len(h.Key) + len(h.Value)
+		}
 		if sizes[t] > 0 && sizes[t]+size > p.maxBytes {
 			rest = records[i:]
 			break
@@ -187,16 +201,19 @@ func (ps partitioners) partition(client sarama.Client, r Record) (int32, error) 
 		tp = &topicPartitioner{p: sarama.NewMurmur2Partitioner(r.Topic), n: int32(len(partitions))}
 		ps[r.Topic] = tp
 	}
-	return tp.p.Partition(&sarama.ProducerMessage{Key: sarama.StringEncoder(r.Envelope.OperationKey)}, tp.n)
+	m := &sarama.ProducerMessage{}
+	if r.Key != nil {
+		m.Key = sarama.ByteEncoder(r.Key)
+	}
+	return tp.p.Partition(m, tp.n)
 }
 
 func record(r Record, offset int64) *sarama.Record {
-	hs := headers(r)
-	h := make([]*sarama.RecordHeader, len(hs))
-	for i := range hs {
-		h[i] = &hs[i]
+	h := make([]*sarama.RecordHeader, len(r.Headers))
+	for i, x := range r.Headers {
+		h[i] = &sarama.RecordHeader{Key: []byte(x.Key), Value: x.Value}
 	}
-	return &sarama.Record{Key: []byte(r.Envelope.OperationKey), Value: r.Raw, Headers: h, OffsetDelta: offset}
+	return &sarama.Record{Key: r.Key, Value: r.Value, Headers: h, OffsetDelta: offset}
 }
 
 // produce sends one request and checks every partition's answer. A broker

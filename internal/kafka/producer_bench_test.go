@@ -15,6 +15,7 @@ import (
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/testenv"
+	"github.com/effectline/effectline/internal/traceparent"
 )
 
 // BenchmarkPublish compares the two ways the relay could publish to the
@@ -52,15 +53,10 @@ func BenchmarkPublish(b *testing.B) {
 		defer pub.Close()
 		msgs := make([]*message.Message, len(records))
 		for i, r := range records {
-			m := message.NewMessage(r.Envelope.EventID, r.Raw)
-			m.Metadata.Set(kafka.HeaderSpecVersion, "1.0")
-			m.Metadata.Set(kafka.HeaderID, r.Envelope.EventID)
-			m.Metadata.Set(kafka.HeaderSource, kafka.Source)
-			m.Metadata.Set(kafka.HeaderType, string(r.Envelope.Type))
-			m.Metadata.Set(kafka.HeaderSubject, r.Envelope.OperationKey)
-			m.Metadata.Set(kafka.HeaderTime, r.Envelope.OccurredAt.Format(time.RFC3339Nano))
-			m.Metadata.Set(kafka.HeaderContentType, "application/json")
-			m.Metadata.Set(kafka.HeaderTraceparent, r.Traceparent)
+			m := message.NewMessage(r.Headers.Get(kafka.HeaderID), r.Value)
+			for _, h := range r.Headers {
+				m.Metadata.Set(h.Key, string(h.Value))
+			}
 			msgs[i] = m
 		}
 		i := 0
@@ -85,13 +81,13 @@ func BenchmarkPublish(b *testing.B) {
 		for b.Loop() {
 			sent++
 			if sent%len(records) == 0 {
-				if err := p.Send(records); err != nil {
+				if err := p.Send(context.Background(), records); err != nil {
 					b.Fatal(err)
 				}
 			}
 		}
 		if rest := sent % len(records); rest > 0 {
-			if err := p.Send(records[:rest]); err != nil {
+			if err := p.Send(context.Background(), records[:rest]); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -142,12 +138,15 @@ func BenchmarkPublishLatency(b *testing.B) {
 		}
 		defer p.Close()
 		for b.Loop() {
-			if err := p.Send(records); err != nil {
+			if err := p.Send(context.Background(), records); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
 }
+
+// benchTrace carries the span context every sample record's headers hold.
+var benchTrace = traceparent.ContextWith(context.Background(), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 
 func sampleRecords(b *testing.B, topic string, n int) []kafka.Record {
 	b.Helper()
@@ -165,8 +164,7 @@ func sampleRecords(b *testing.B, topic string, n int) []kafka.Record {
 		if err != nil {
 			b.Fatal(err)
 		}
-		out[i] = kafka.Record{Topic: topic, Envelope: e, Raw: raw,
-			Traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+		out[i] = kafka.EventRecord(benchTrace, topic, e, raw)
 	}
 	return out
 }

@@ -22,9 +22,9 @@ func producerRecord(topic, key string, seq int64, size int) kafka.Record {
 	if pad := size - len(v); pad > 0 {
 		v = append(v, bytes.Repeat([]byte("x"), pad)...)
 	}
-	return kafka.Record{Topic: topic, Raw: v, Envelope: events.Envelope{
+	return kafka.EventRecord(context.Background(), topic, events.Envelope{
 		OperationKey: key, Seq: seq, EventID: fmt.Sprintf("%s-%d", key, seq), Type: events.AttemptSucceeded,
-		OccurredAt: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}}
+		OccurredAt: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}, v)
 }
 
 // newProducer starts a broker (with topics of partitions partitions when
@@ -102,7 +102,7 @@ func TestProducerKeepsEachKeysOrderAcrossBrokers(t *testing.T) {
 			}
 		}
 	}
-	if err := p.Send(recs); err != nil {
+	if err := p.Send(context.Background(), recs); err != nil {
 		t.Fatal(err)
 	}
 	for _, topic := range topics {
@@ -133,7 +133,7 @@ func TestProducerConcurrentSends(t *testing.T) {
 	}
 	errs := make(chan error, len(sends))
 	for _, recs := range sends {
-		go func() { errs <- p.Send(recs) }()
+		go func() { errs <- p.Send(context.Background(), recs) }()
 	}
 	for range sends {
 		if err := <-errs; err != nil {
@@ -157,7 +157,7 @@ func TestProducerSendsOversizedBatchesInRounds(t *testing.T) {
 	for seq := int64(1); seq <= 7; seq++ {
 		recs = append(recs, producerRecord(topic, "big/op", seq, 300<<10)) // 2.1 MB for one partition
 	}
-	if err := p.Send(recs); err != nil {
+	if err := p.Send(context.Background(), recs); err != nil {
 		t.Fatal(err)
 	}
 	got := broker.ReadAll(t, topic, 7, 10*time.Second)
@@ -169,7 +169,7 @@ func TestProducerSendsOversizedBatchesInRounds(t *testing.T) {
 func TestProducerFailsOnAnUnknownTopic(t *testing.T) {
 	t.Parallel()
 	_, _, p := newProducer(t, 3, false)
-	if err := p.Send([]kafka.Record{producerRecord("effectline.nope", "k", 1, 10)}); err == nil {
+	if err := p.Send(context.Background(), []kafka.Record{producerRecord("effectline.nope", "k", 1, 10)}); err == nil {
 		t.Fatal("Send to a missing topic succeeded")
 	}
 }
@@ -182,9 +182,9 @@ func TestProducerPublishesTheLargestEvent(t *testing.T) {
 	topic := cfg.Topic(events.TopicIntents)
 	key := "wf:" + string(bytes.Repeat([]byte("k"), events.MaxOperationKeyBytes-3))
 	big := producerRecord(topic, key, 1, events.MaxEnvelopeBytes)
-	big.Traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	big.Headers.Carrier().Set(kafka.HeaderTraceparent, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 	small := producerRecord(topic, key, 2, 100)
-	if err := p.Send([]kafka.Record{big, small}); err != nil {
+	if err := p.Send(context.Background(), []kafka.Record{big, small}); err != nil {
 		t.Fatal(err)
 	}
 	got := broker.ReadAll(t, topic, 2, 10*time.Second)
@@ -194,18 +194,18 @@ func TestProducerPublishesTheLargestEvent(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	sizes := make(chan int, 2)
-	c, err := kafka.NewBatchConsumer(cfg, "largest-event", topic, 0, func(_ context.Context, msgs []*sarama.ConsumerMessage) error {
+	c, err := kafka.NewBatchConsumer(cfg, kafka.ConsumerConfig{Group: "largest-event", Topic: topic}, func(_ context.Context, msgs []*kafka.Message) error {
 		for _, m := range msgs {
 			sizes <- len(m.Value)
 		}
 		return nil
-	}, nil)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	for _, want := range []int{len(big.Raw), len(small.Raw)} {
+	for _, want := range []int{len(big.Value), len(small.Value)} {
 		select {
 		case n := <-sizes:
 			if n != want {

@@ -6,13 +6,25 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/effectline/effectline/events"
 )
 
 // NewSubscriber returns a watermill-kafka subscriber in consumer group
-// group. Offsets start at the oldest message for a new group, so nothing
-// published before the group first joined is skipped.
+// group, on effectline's sarama configuration. Offsets start at the oldest
+// message for a new group, so nothing published before the group first
+// joined is skipped.
+//
+// No component consumes through it: watermill's subscriber has one message
+// per partition in flight, which caps a consumer whose handling ends in a
+// database commit at partitions ÷ commit latency, and the components share
+// BatchConsumer instead. It stays for what watermill does well, a
+// subscriber to read topics with in tests and tools, and as the baseline
+// of BenchmarkConsumers.
 func NewSubscriber(c Config, group string, logger *slog.Logger) (*wmkafka.Subscriber, error) {
 	c = c.WithDefaults()
 	if err := c.Validate(); err != nil {
@@ -80,4 +92,34 @@ func (g levelGate) Trace(msg string, fields watermill.LogFields) {
 
 func (g levelGate) With(fields watermill.LogFields) watermill.LoggerAdapter {
 	return levelGate{LoggerAdapter: g.LoggerAdapter.With(fields), log: g.log}
+}
+
+// Unmarshaler maps a Kafka message to a watermill message without ever
+// failing: watermill-kafka stops consuming the partition when an
+// unmarshaler fails, so a malformed event would block every event behind it.
+type Unmarshaler struct{}
+
+// MetadataKey holds the Kafka message key in watermill metadata.
+const MetadataKey = "kafka_key"
+
+// Unmarshal implements the watermill-kafka Unmarshaler.
+func (Unmarshaler) Unmarshal(km *sarama.ConsumerMessage) (*message.Message, error) {
+	md := make(message.Metadata, len(km.Headers)+1)
+	var id string
+	for _, h := range km.Headers {
+		if h == nil {
+			continue
+		}
+		md.Set(string(h.Key), string(h.Value))
+		if string(h.Key) == HeaderID {
+			id = string(h.Value)
+		}
+	}
+	if id == "" {
+		id = events.NewID()
+	}
+	md.Set(MetadataKey, string(km.Key))
+	msg := message.NewMessage(id, km.Value)
+	msg.Metadata = md
+	return msg, nil
 }

@@ -13,7 +13,8 @@ import (
 
 // Topics returns the full names of effectline's topics.
 func (c Config) Topics() []string {
-	return []string{c.Topic(events.TopicIntents), c.Topic(events.TopicOutcomes), c.Topic(events.TopicEscalations)}
+	return []string{c.Topic(events.TopicIntents), c.Topic(events.TopicOutcomes), c.Topic(events.TopicEscalations),
+		c.Topic(events.TopicIntentsDLQ), c.Topic(events.TopicWorkflows)}
 }
 
 // EnsureTopics creates the topics that are missing, with the configured

@@ -76,6 +76,13 @@ func DatabaseURL() string {
 // starting it; it is never skipped.
 func NewDatabase(t testing.TB) string {
 	t.Helper()
+	return newDatabase(t, nil)
+}
+
+// newDatabase is [NewDatabase], copying tmpl's template database when tmpl
+// is not nil.
+func newDatabase(t testing.TB, tmpl *Template) string {
+	t.Helper()
 
 	adminURL := DatabaseURL()
 	u, err := url.Parse(adminURL)
@@ -89,10 +96,23 @@ func NewDatabase(t testing.TB) string {
 	conn := connectAdmin(t, ctx, adminURL)
 	defer conn.Close(context.Background())
 
-	name, err := createDatabase(ctx, conn)
+	source := ""
+	if tmpl != nil {
+		if source, err = tmpl.database(ctx, adminURL, conn); err != nil {
+			t.Fatalf("testenv: preparing template database %s on %s: %v", tmpl.Name, redact(adminURL), err)
+		}
+	}
+	name, err := createDatabase(ctx, conn, source)
 	if err != nil {
 		t.Fatalf("testenv: creating test database on %s: %v", redact(adminURL), err)
 	}
+	return dropOnCleanup(t, u, adminURL, name)
+}
+
+// dropOnCleanup registers the drop of name and returns its connection URL:
+// the admin URL with only the database name changed.
+func dropOnCleanup(t testing.TB, u *url.URL, adminURL, name string) string {
+	t.Helper()
 
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), dbDropTimeout)
@@ -180,7 +200,9 @@ func connectRetrying(ctx context.Context, cfg *pgx.ConnConfig) (*pgx.Conn, error
 // It holds the in-process mutex and a cross-process advisory lock around the
 // CREATE, and still retries on SQLSTATE 55006 because clients outside the
 // test harness (psql, another tool) can be connected to template1 too.
-func createDatabase(ctx context.Context, conn *pgx.Conn) (string, error) {
+//
+// With a template, the new database is a copy of it instead of template1.
+func createDatabase(ctx context.Context, conn *pgx.Conn, template string) (string, error) {
 	createDBMu.Lock()
 	defer createDBMu.Unlock()
 
@@ -200,7 +222,11 @@ func createDatabase(ctx context.Context, conn *pgx.Conn) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+		stmt := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize()
+		if template != "" {
+			stmt += " TEMPLATE " + pgx.Identifier{template}.Sanitize()
+		}
+		_, err = conn.Exec(ctx, stmt)
 		if err == nil {
 			return name, nil
 		}

@@ -2,14 +2,18 @@ package testenv
 
 import (
 	"context"
+	cryptorand "crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"net/url"
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func TestDatabaseURLDefault(t *testing.T) {
@@ -162,5 +166,51 @@ func TestNewDatabaseUnreachable(t *testing.T) {
 	}
 	if strings.Contains(rec.msg, "secret") {
 		t.Errorf("failure message leaks the password: %q", rec.msg)
+	}
+}
+
+// TestNewDatabaseFrom copies one template into parallel tests: each copy
+// has the template's table, writes to one stay out of the others, and the
+// template is built once per process.
+func TestNewDatabaseFrom(t *testing.T) {
+	var builds atomic.Int32
+	key := make([]byte, 8)
+	if _, err := cryptorand.Read(key); err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &Template{Name: "testenv", Key: hex.EncodeToString(key), Build: func(ctx context.Context, pool *pgxpool.Pool) error {
+		builds.Add(1)
+		_, err := pool.Exec(ctx, "CREATE TABLE built (id int)")
+		return err
+	}}
+	t.Cleanup(func() {
+		// The template is keyed by a random key: nothing will copy it again.
+		ctx := context.Background()
+		conn := connectAdmin(t, ctx, DatabaseURL())
+		defer conn.Close(ctx)
+		name := pgx.Identifier{"effectline_tmpl_testenv_" + tmpl.Key[:16]}.Sanitize()
+		for _, stmt := range []string{"ALTER DATABASE " + name + " WITH IS_TEMPLATE false", "DROP DATABASE " + name} {
+			if _, err := conn.Exec(ctx, stmt); err != nil {
+				t.Errorf("dropping the template: %v", err)
+			}
+		}
+	})
+	t.Run("group", func(t *testing.T) {
+		for i := range 6 {
+			t.Run(fmt.Sprint(i), func(t *testing.T) {
+				t.Parallel()
+				pool := NewPool(t, NewDatabaseFrom(t, tmpl))
+				if _, err := pool.Exec(t.Context(), "INSERT INTO built VALUES ($1)", i); err != nil {
+					t.Fatal(err)
+				}
+				var count int
+				if err := pool.QueryRow(t.Context(), "SELECT count(*) FROM built").Scan(&count); err != nil || count != 1 {
+					t.Errorf("count = %d, err %v; want 1 row", count, err)
+				}
+			})
+		}
+	})
+	if n := builds.Load(); n != 1 {
+		t.Errorf("template built %d times, want 1", n)
 	}
 }

@@ -7,9 +7,12 @@
 //
 //   - PostgreSQL: [NewDatabase] creates a fresh database per test on a real
 //     server (see [DatabaseURL]) and drops it on cleanup, so tests can run in
-//     parallel without sharing rows. Migrations are the caller's job; testenv
+//     parallel without sharing rows. [NewDatabaseFrom] copies a [Template]
+//     database instead, built once per server and schema revision, so the
+//     schema's migrations do not run again for every test; testenv
 //     deliberately imports no other effectline package so that it can be used
-//     by every package, including the store that owns the schema.
+//     by every package, including the store that owns the schema, and the
+//     store's template lives in the storedb subpackage.
 //   - Kafka: [NewBroker] starts an in-process Kafka-protocol cluster (kfake)
 //     on 127.0.0.1 that both franz-go and sarama clients can use. Topic
 //     auto-creation is off by default because the product provisions its own

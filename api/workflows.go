@@ -1,0 +1,188 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/workflow"
+)
+
+// Workflows is what the workflow routes need: *workflow.Service.
+type Workflows interface {
+	Start(ctx context.Context, in workflow.Start) (workflow.Record, bool, error)
+	Get(ctx context.Context, id string) (workflow.Record, error)
+	List(ctx context.Context, status events.WorkflowStatus, limit int) ([]workflow.Record, error)
+	Decide(ctx context.Context, id string, action events.WorkflowAction, note, approver string) (workflow.Record, error)
+}
+
+func (s *Server) workflowRoutes() {
+	s.HandleFunc("POST /v1/workflows", s.postWorkflow, Authenticated)
+	s.HandleFunc("GET /v1/workflows", s.listWorkflows, Authenticated)
+	s.HandleFunc("GET /v1/workflows/{id}", s.getWorkflow, Authenticated)
+	s.HandleFunc("POST /v1/workflows/{id}/decisions", s.postWorkflowDecision, ApproverOnly)
+}
+
+type workflowRequest struct {
+	WorkflowID *string         `json:"workflow_id"`
+	Workflow   *string         `json:"workflow"`
+	Input      json.RawMessage `json:"input"`
+}
+
+type workflowAccepted struct {
+	WorkflowID string                `json:"workflow_id"`
+	Status     events.WorkflowStatus `json:"status"`
+	Href       string                `json:"href"`
+}
+
+func workflowHref(id string) string { return "/v1/workflows/" + url.PathEscape(id) }
+
+// postWorkflow starts a run: 202 when it is new, 200 with the run when the
+// id exists with the same input, 409 with another.
+func (s *Server) postWorkflow(w http.ResponseWriter, r *http.Request) {
+	if s.workflows == nil {
+		writeUnavailable(w, "this process runs no workflows")
+		return
+	}
+	ctx := r.Context()
+	principal, _ := PrincipalFrom(ctx)
+	var req workflowRequest
+	if !s.decodeBody(w, r, &req) {
+		return
+	}
+	switch {
+	case req.WorkflowID == nil:
+		writeFieldError(w, http.StatusBadRequest, codeInvalidRequest, "workflow_id", "workflow_id is required")
+		return
+	case req.Workflow == nil || *req.Workflow == "":
+		writeFieldError(w, http.StatusBadRequest, codeInvalidRequest, "workflow", "workflow is required")
+		return
+	case len(req.Input) == 0 || bytes.Equal(req.Input, []byte("null")):
+		writeFieldError(w, http.StatusBadRequest, codeInvalidRequest, "input", "input is required (a JSON object; {} for none)")
+		return
+	}
+	rec, created, err := s.workflows.Start(ctx, workflow.Start{WorkflowID: *req.WorkflowID, Workflow: *req.Workflow,
+		Input: req.Input, Principal: principal})
+	var ie *workflow.InputError
+	switch {
+	case errors.As(err, &ie):
+		code := codeInvalidRequest
+		if ie.Field != "workflow_id" {
+			code = codeInvalidArgs
+		}
+		writeFieldError(w, http.StatusBadRequest, code, ie.Field, ie.Reason)
+		return
+	case errors.Is(err, workflow.ErrUnknownWorkflow):
+		writeFieldError(w, http.StatusNotFound, codeNotFound, "workflow", "no workflow with this name is declared")
+		return
+	case errors.Is(err, workflow.ErrPayloadConflict):
+		writeError(w, http.StatusConflict, codePayloadConflict, "this workflow_id was started with another workflow or input")
+		return
+	case err != nil:
+		s.log.ErrorContext(ctx, "starting a workflow failed", slog.Any("error", err))
+		writeUnavailable(w, "the workflow could not be recorded; retry with the same workflow_id")
+		return
+	}
+	if !created {
+		writeJSON(w, http.StatusOK, rec)
+		return
+	}
+	w.Header().Set("Location", workflowHref(rec.WorkflowID))
+	writeJSON(w, http.StatusAccepted, workflowAccepted{WorkflowID: rec.WorkflowID, Status: rec.Status, Href: workflowHref(rec.WorkflowID)})
+}
+
+func (s *Server) getWorkflow(w http.ResponseWriter, r *http.Request) {
+	if s.workflows == nil {
+		writeUnavailable(w, "this process runs no workflows")
+		return
+	}
+	rec, err := s.workflows.Get(r.Context(), r.PathValue("id"))
+	switch {
+	case errors.Is(err, workflow.ErrNotFound):
+		writeError(w, http.StatusNotFound, codeNotFound, "no workflow with this id")
+	case err != nil:
+		s.log.ErrorContext(r.Context(), "reading a workflow failed", slog.Any("error", err))
+		writeUnavailable(w, "the workflow could not be read")
+	default:
+		writeJSON(w, http.StatusOK, rec)
+	}
+}
+
+type workflowPage struct {
+	Workflows []workflow.Record `json:"workflows"`
+}
+
+func (s *Server) listWorkflows(w http.ResponseWriter, r *http.Request) {
+	if s.workflows == nil {
+		writeUnavailable(w, "this process runs no workflows")
+		return
+	}
+	q := r.URL.Query()
+	status := events.WorkflowStatus(q.Get("status"))
+	if status != "" && !status.Valid() {
+		writeFieldError(w, http.StatusBadRequest, codeInvalidRequest, "status", fmt.Sprintf("status must be one of %v", events.WorkflowStatuses()))
+		return
+	}
+	limit := 100
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > 500 {
+			writeFieldError(w, http.StatusBadRequest, codeInvalidRequest, "limit", "limit must be 1 to 500")
+			return
+		}
+		limit = n
+	}
+	recs, err := s.workflows.List(r.Context(), status, limit)
+	if err != nil {
+		s.log.ErrorContext(r.Context(), "listing workflows failed", slog.Any("error", err))
+		writeUnavailable(w, "the workflows could not be read")
+		return
+	}
+	writeJSON(w, http.StatusOK, workflowPage{Workflows: recs})
+}
+
+// postWorkflowDecision records an approver's decision on an escalated run.
+// The approver is the authenticated principal.
+func (s *Server) postWorkflowDecision(w http.ResponseWriter, r *http.Request) {
+	if s.workflows == nil {
+		writeUnavailable(w, "this process runs no workflows")
+		return
+	}
+	ctx := r.Context()
+	var req decisionRequest
+	if !s.decodeBody(w, r, &req) {
+		return
+	}
+	if req.Action == nil {
+		writeFieldError(w, http.StatusBadRequest, codeInvalidRequest, "action", "action is required")
+		return
+	}
+	action, err := events.ParseWorkflowAction(*req.Action)
+	if err != nil {
+		writeFieldError(w, http.StatusBadRequest, codeInvalidRequest, "action",
+			fmt.Sprintf("action must be one of %v", events.WorkflowActions()))
+		return
+	}
+	approver, _ := PrincipalFrom(ctx)
+	rec, err := s.workflows.Decide(ctx, r.PathValue("id"), action, req.Note, approver)
+	switch {
+	case errors.Is(err, workflow.ErrNotFound):
+		writeError(w, http.StatusNotFound, codeNotFound, "no workflow with this id")
+	case errors.Is(err, workflow.ErrNotWaiting):
+		writeError(w, http.StatusConflict, codeNotWaiting, fmt.Sprintf("the workflow is %s, not waiting for a decision", rec.Status))
+	case errors.Is(err, workflow.ErrInvalidDecision):
+		writeError(w, http.StatusBadRequest, codeInvalidDecision, err.Error())
+	case err != nil:
+		s.log.ErrorContext(ctx, "recording a workflow decision failed", slog.Any("error", err))
+		writeUnavailable(w, "the decision could not be recorded")
+	default:
+		writeJSON(w, http.StatusOK, rec)
+	}
+}

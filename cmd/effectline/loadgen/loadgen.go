@@ -1,0 +1,581 @@
+// Package loadgen is `effectline bench`: it drives intents through the
+// whole pipeline in one process (an agent appending intents through the
+// outbox or POSTing them to the API, the relay, Kafka, the executor, a
+// local tool over HTTP, the outcomes topic, the projector) and reports
+// throughput, end-to-end latency, synchronous commits and CPU time per
+// operation, and duplicate and lost operations.
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/effectline/effectline/cmd/effectline/app"
+	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/outbox"
+	"github.com/effectline/effectline/projector"
+	"github.com/effectline/effectline/tool/httptool"
+)
+
+// Config is the load of one `effectline bench` run.
+type Config struct {
+	N           int
+	Warmup      int // operations run first and not measured
+	Rate        int // operations per second; 0 = flat out
+	Batch       int // intents per agent transaction
+	Concurrency int // agent transactions in flight (flat out)
+	Timeout     time.Duration
+	Keep        bool // keep the benchmark database
+	// Via is how intents come in: "outbox" (an agent's own transactions)
+	// or "http" (POST /v1/intents, group-committed with the executor's
+	// appends).
+	Via        string
+	CPUProfile string // a file for a CPU profile of the run, when set
+
+	// Wait makes each POST (Via "http") ask Prefer: wait and records how
+	// long the agent waited for its answer.
+	Wait bool
+
+	apiBase string
+	client  *http.Client
+	waits   *waitStats
+}
+
+// waitStats collects the agent-perceived latencies of waiting POSTs.
+type waitStats struct {
+	mu       sync.Mutex
+	lat      []time.Duration
+	accepted int // answered 202: the wait ran out first
+}
+
+func (s *waitStats) add(d time.Duration, status int) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if status == http.StatusOK {
+		s.lat = append(s.lat, d)
+	} else {
+		s.accepted++
+	}
+}
+
+// ErrConfig says a Config field is out of range.
+var ErrConfig = errors.New("-n, -batch and -concurrency must be positive, -rate and -warmup not negative, -via outbox or http, -wait only with -via http")
+
+func (bc Config) check() error {
+	if bc.N <= 0 || bc.Batch <= 0 || bc.Concurrency <= 0 || bc.Rate < 0 || bc.Warmup < 0 || (bc.Via != "outbox" && bc.Via != "http") ||
+		(bc.Wait && bc.Via != "http") {
+		return ErrConfig
+	}
+	return nil
+}
+
+// Run drives bc.N intents through the whole pipeline in one process — an
+// agent appending intents through the outbox, the relay, Kafka, the
+// executor, a local tool over HTTP, the outcomes topic, the projector — and
+// reports throughput, end-to-end latency (intent committed → terminal state
+// in operation_state), synchronous commits per operation, and duplicate and
+// lost operations. cfg is the process configuration; Run uses a database
+// of its own beside cfg.DatabaseURL.
+func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) string, stdout, stderr io.Writer) error {
+	if err := bc.check(); err != nil {
+		return err
+	}
+	if bc.CPUProfile != "" {
+		f, err := os.Create(bc.CPUProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if cfg.LogLevel == "" {
+		cfg.LogLevel = "error"
+	}
+
+	dbURL, drop, err := createBenchDatabase(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	if !bc.Keep {
+		defer drop()
+	}
+	cfg.DatabaseURL = dbURL
+
+	sink, err := startBenchTool()
+	if err != nil {
+		return err
+	}
+	defer sink.close()
+	reg, err := httptool.Parse([]byte(sink.toolsYAML()), getenv)
+	if err != nil {
+		return err
+	}
+	if len(cfg.KafkaBrokers) == 0 {
+		cluster, err := app.StartEmbeddedBroker(cfg.Partitions)
+		if err != nil {
+			return err
+		}
+		defer cluster.Close()
+		cfg.KafkaBrokers = cluster.ListenAddrs()
+	}
+	cfg.HTTPAddr = "127.0.0.1:0"
+	comps := []string{app.Relay, app.Executor, app.Projector, app.Reconciler}
+	if bc.Via == "http" {
+		comps = append(comps, app.API)
+	}
+	a, err := app.Open(ctx, app.Options{Config: cfg, Stdout: stderr, Getenv: getenv, Components: comps,
+		Migrate: true, Tools: reg, Service: "effectline-bench", Open: true})
+	if err != nil {
+		return err
+	}
+	if addr := a.APIAddr(); addr != "" {
+		bc.apiBase = "http://" + addr
+		bc.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- a.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+
+	// Warm up: the consumer groups join, connections open and the heap
+	// grows while the first operations run; those are not what is measured.
+	if bc.Warmup > 0 {
+		wc := bc
+		wc.N = bc.Warmup
+		if err := wc.runUntilDone(ctx, runCtx, a, warmupKey, make([]time.Time, wc.N), new(atomic.Int64), 0, io.Discard); err != nil {
+			return fmt.Errorf("bench: warming up: %w", err)
+		}
+	}
+	warmupCalls := sink.calls.Load()
+
+	var before, beforeAll int64
+	_ = a.Pool.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&beforeAll)
+	before = a.Store.SyncCommits()
+
+	mode := "flat out"
+	if bc.Rate > 0 {
+		mode = fmt.Sprintf("%d/s", bc.Rate)
+	}
+	if bc.Via == "http" {
+		fmt.Fprintf(stdout, "bench: %d operations, %s, intents one per POST /v1/intents, tool %s\n", bc.N, mode, sink.url)
+	} else {
+		fmt.Fprintf(stdout, "bench: %d operations, %s, intents in batches of %d through the outbox, tool %s\n",
+			bc.N, mode, bc.effectiveBatch(), sink.url)
+	}
+	if bc.Warmup > 0 {
+		fmt.Fprintf(stdout, "warm-up: %d operations run first, not measured\n", bc.Warmup)
+	}
+	committed := make([]time.Time, bc.N)
+	if bc.Wait {
+		bc.waits = &waitStats{}
+	}
+	var reloadsBefore, sweepsBefore int64
+	if a.Waits != nil {
+		reloadsBefore, sweepsBefore = a.Waits.Queries()
+	}
+	var agentCommits atomic.Int64
+	start := time.Now()
+	cpuBefore := sampleCPU()
+	if err := bc.runUntilDone(ctx, runCtx, a, benchKey, committed, &agentCommits, bc.Warmup, stderr); err != nil {
+		return err
+	}
+	elapsed := time.Since(start)
+	cpuProcess, cpuMachine := sampleCPU().perOp(cpuBefore, bc.N)
+
+	// Latency: from each intent's commit to its terminal row's projection.
+	reader := projector.NewReader(a.Pool)
+	projected, err := reader.ProjectedAt(ctx, events.StatusCompleted)
+	if err != nil {
+		return err
+	}
+	index := map[string]int{}
+	for i := range bc.N {
+		index[benchKey(i)] = i
+	}
+	var lat []time.Duration
+	var last time.Time
+	completed := 0
+	for key, at := range projected {
+		i, ok := index[key]
+		if !ok || committed[i].IsZero() {
+			continue
+		}
+		completed++
+		lat = append(lat, at.Sub(committed[i]))
+		if at.After(last) {
+			last = at
+		}
+	}
+	// The same latency to the write side (the outcome journaled), which
+	// tells the executor's share from the relay's and the projector's.
+	journaled, err := a.Store.CompletedAt(ctx)
+	if err != nil {
+		return err
+	}
+	var wlat []time.Duration
+	for key, at := range journaled {
+		if i, ok := index[key]; ok && !committed[i].IsZero() {
+			wlat = append(wlat, at.Sub(committed[i]))
+		}
+	}
+	slices.Sort(wlat)
+	if len(wlat) > 0 {
+		fmt.Fprintf(stdout, "journaled (write side): p50=%.1fms p99=%.1fms\n",
+			float64(wlat[len(wlat)/2].Microseconds())/1000, float64(wlat[min(len(wlat)-1, len(wlat)*99/100)].Microseconds())/1000)
+	}
+	var afterAll int64
+	_ = a.Pool.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&afterAll)
+	syncCommits := a.Store.SyncCommits() - before + agentCommits.Load()
+
+	slices.Sort(lat)
+	pct := func(p float64) float64 {
+		if len(lat) == 0 {
+			return 0
+		}
+		return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Microseconds()) / 1000
+	}
+	span := elapsed
+	if !last.IsZero() {
+		span = last.Sub(start)
+	}
+	throughput := float64(completed) / span.Seconds()
+	dups := sink.duplicates()
+	lost := bc.N - completed
+	fmt.Fprintf(stdout, "completed %d of %d in %.2fs; tool calls %d, effects %d\n", completed, bc.N, span.Seconds(),
+		sink.calls.Load()-warmupCalls, sink.effects()-int(warmupCalls))
+	fmt.Fprintf(stdout, "postgres: %.2f synchronous commits per operation (%d), %.2f transactions of any kind per operation\n",
+		float64(syncCommits)/float64(bc.N), syncCommits, float64(afterAll-beforeAll)/float64(bc.N))
+	if agent := agentCommits.Load(); agent > 0 {
+		// Through the outbox the intent rides in the agent's own business
+		// transaction, which commits whether or not effectline exists.
+		fmt.Fprintf(stdout, "postgres: %.2f of them effectline's own (claims and outcomes), %.2f the agent's transactions that carried the intents\n",
+			float64(syncCommits-agent)/float64(bc.N), float64(agent)/float64(bc.N))
+	}
+	if cpuMachine > 0 {
+		fmt.Fprintf(stdout, "cpu: %.2f ms per operation on the whole machine, %.2f ms of it in this process (the rest is PostgreSQL and whatever else runs)\n",
+			cpuMachine, cpuProcess)
+	}
+	if s := bc.waits; s != nil {
+		slices.Sort(s.lat)
+		wp := func(p float64) float64 {
+			if len(s.lat) == 0 {
+				return 0
+			}
+			return float64(s.lat[min(len(s.lat)-1, int(p*float64(len(s.lat))))].Microseconds()) / 1000
+		}
+		reloads, sweeps := a.Waits.Queries()
+		fmt.Fprintf(stdout, "wait: POST with Prefer: wait=20 to its 200: p50=%.1fms p95=%.1fms p99=%.1fms (%d answered 200, %d answered 202)\n",
+			wp(0.50), wp(0.95), wp(0.99), len(s.lat), s.accepted)
+		fmt.Fprintf(stdout, "wait: the waiters' own queries: %d head reloads after a feed gap, %d sweep queries, for %d waiting requests\n",
+			reloads-reloadsBefore, sweeps-sweepsBefore, bc.N)
+	}
+	fmt.Fprintf(stdout, "bench: ops=%d throughput=%.0f/s p50=%.1fms p95=%.1fms p99=%.1fms tx_per_op=%.2f duplicates=%d lost=%d\n",
+		bc.N, throughput, pct(0.50), pct(0.95), pct(0.99), float64(syncCommits)/float64(bc.N), dups, lost)
+	if dups > 0 || lost > 0 {
+		return fmt.Errorf("bench: %d duplicate effects, %d lost operations", dups, lost)
+	}
+	return nil
+}
+
+func (bc Config) effectiveBatch() int {
+	if bc.Rate > 0 {
+		return max(1, bc.Rate/200) // about 200 agent transactions a second (250 at 500/s: batches of 2)
+	}
+	return bc.Batch
+}
+
+func benchKey(i int) string  { return fmt.Sprintf("bench/op-%07d", i) }
+func warmupKey(i int) string { return fmt.Sprintf("bench/warmup-%07d", i) }
+
+// runUntilDone submits bc.N intents named by key and waits until the read
+// model shows them, and the done operations before them, terminal.
+func (bc Config) runUntilDone(ctx, runCtx context.Context, a *app.App, key func(int) string, committed []time.Time,
+	commits *atomic.Int64, done int, progressTo io.Writer) error {
+	start := time.Now()
+	loadErr := make(chan error, 1)
+	go func() { loadErr <- bc.load(runCtx, a, key, committed, commits) }()
+	reader := projector.NewReader(a.Pool)
+	var finished int
+	deadline := time.Now().Add(bc.Timeout)
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for finished < done+bc.N && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-loadErr:
+			if err != nil {
+				return fmt.Errorf("bench: submitting intents: %w", err)
+			}
+		case <-tick.C:
+		}
+		n, err := reader.CountTerminal(ctx)
+		if err != nil {
+			return err
+		}
+		finished = n
+		progress(progressTo, finished-done, bc.N, time.Since(start))
+	}
+	fmt.Fprintln(progressTo)
+	return nil
+}
+
+// load plays the agent service: it appends intents through the outbox in
+// transactions of its own, at the configured rate or as fast as it can.
+func (bc Config) load(ctx context.Context, a *app.App, key func(int) string, committed []time.Time, commits *atomic.Int64) error {
+	batch := bc.effectiveBatch()
+	var next atomic.Int64
+	submit := func() (bool, error) {
+		lo := int(next.Add(int64(batch))) - batch
+		if lo >= bc.N {
+			return false, nil
+		}
+		hi := min(lo+batch, bc.N)
+		ins := make([]outbox.Intent, 0, hi-lo)
+		for i := lo; i < hi; i++ {
+			ins = append(ins, outbox.Intent{
+				OperationKey: key(i), Tool: "bench.charge", EffectClass: events.Irreversible,
+				Args: json.RawMessage(fmt.Sprintf(`{"amount":%d,"currency":"EUR"}`, 100+i%900)), Principal: "bench-agent",
+			})
+		}
+		if bc.Via == "http" {
+			errs := make(chan error, len(ins))
+			for j, in := range ins {
+				go func() { errs <- bc.post(ctx, in, &committed[lo+j]) }()
+			}
+			for range ins {
+				if err := <-errs; err != nil {
+					return false, err
+				}
+			}
+			return hi < bc.N, nil
+		}
+		err := pgx.BeginFunc(ctx, a.Pool, func(tx pgx.Tx) error {
+			_, err := outbox.AppendMany(ctx, tx, ins)
+			return err
+		})
+		if err != nil {
+			return false, err
+		}
+		commits.Add(1)
+		a.Store.NotifyAppended()
+		now := time.Now()
+		for i := lo; i < hi; i++ {
+			committed[i] = now
+		}
+		return hi < bc.N, nil
+	}
+	if bc.Rate > 0 {
+		interval := time.Duration(float64(time.Second) * float64(batch) / float64(bc.Rate))
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		var wg sync.WaitGroup
+		errc := make(chan error, 1)
+		for more := true; more; {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case err := <-errc:
+				return err
+			case <-t.C:
+			}
+			more = int(next.Load()) < bc.N
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := submit(); err != nil {
+					select {
+					case errc <- err:
+					default:
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		return nil
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, bc.Concurrency)
+	for range bc.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				more, err := submit()
+				if err != nil {
+					errs <- err
+					return
+				}
+				if !more {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// post submits one intent through the API; its 202 means it is committed.
+func (bc Config) post(ctx context.Context, in outbox.Intent, committed *time.Time) error {
+	body, err := json.Marshal(map[string]any{"operation_key": in.OperationKey, "tool": in.Tool, "args": in.Args})
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, bc.apiBase+"/v1/intents", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if bc.Wait {
+		req.Header.Set("Prefer", "wait=20")
+	}
+	sent := time.Now()
+	resp, err := bc.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if bc.Wait {
+		if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusAccepted {
+			return fmt.Errorf("POST /v1/intents for %s: %s", in.OperationKey, resp.Status)
+		}
+		bc.waits.add(time.Since(sent), resp.StatusCode)
+		// The answer came after the outcome; the intent was committed
+		// about when it was sent.
+		*committed = sent
+		return nil
+	}
+	if resp.StatusCode != http.StatusAccepted {
+		return fmt.Errorf("POST /v1/intents for %s: %s", in.OperationKey, resp.Status)
+	}
+	*committed = time.Now()
+	return nil
+}
+
+func progress(w io.Writer, done, total int, took time.Duration) {
+	const width = 30
+	filled := width * done / max(total, 1)
+	rate := float64(done) / max(took.Seconds(), 0.001)
+	fmt.Fprintf(w, "\r[%s%s] %d/%d operations  %.0f/s  ", strings.Repeat("=", filled), strings.Repeat(" ", width-filled), done, total, rate)
+}
+
+// createBenchDatabase makes a fresh database beside the configured one so
+// a run starts from empty tables, and returns a func that drops it.
+func createBenchDatabase(ctx context.Context, base string) (string, func(), error) {
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		_, cerr := app.ConnectDatabase(ctx, base)
+		return "", nil, cerr
+	}
+	defer conn.Close(ctx)
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	name := "effectline_bench_" + hex.EncodeToString(b[:])
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		return "", nil, fmt.Errorf("creating the benchmark database: %w", err)
+	}
+	u, err := url.Parse(base)
+	if err != nil {
+		return "", nil, fmt.Errorf("bench needs %s as a URL: %w", app.EnvDatabaseURL, err)
+	}
+	u.Path = "/" + name
+	drop := func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if c, err := pgx.Connect(dctx, base); err == nil {
+			_, _ = c.Exec(dctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+			_ = c.Close(dctx)
+		}
+	}
+	return u.String(), drop, nil
+}
+
+// benchTool is the local downstream: it answers at once, honors nothing,
+// and counts calls per key, so any duplicate execution shows as a duplicate.
+type benchTool struct {
+	url   string
+	srv   *http.Server
+	calls atomic.Int64
+	mu    sync.Mutex
+	byKey map[string]int
+}
+
+func startBenchTool() (*benchTool, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	t := &benchTool{url: "http://" + ln.Addr().String(), byKey: map[string]int{}}
+	t.srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		key := r.Header.Get("Idempotency-Key")
+		t.calls.Add(1)
+		t.mu.Lock()
+		t.byKey[key]++
+		n := len(t.byKey)
+		t.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"ch_%d","status":"succeeded"}`, n)
+	})}
+	go func() { _ = t.srv.Serve(ln) }()
+	return t, nil
+}
+
+func (t *benchTool) close() { _ = t.srv.Close() }
+
+func (t *benchTool) toolsYAML() string {
+	return `tools:
+  - name: bench.charge
+    effect: irreversible
+    invoke: {method: POST, url: "` + t.url + `/charges", timeout: 5s}
+    reconcile: {method: GET, url: "` + t.url + `/charges?idempotency_key={{.Key}}", timeout: 5s}
+    retry: {max_attempts: 4, base_delay: 50ms, max_delay: 2s, deadline: 60s}
+`
+}
+
+func (t *benchTool) effects() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, c := range t.byKey {
+		n += c
+	}
+	return n
+}
+
+func (t *benchTool) duplicates() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	d := 0
+	for _, c := range t.byKey {
+		d += c - 1
+	}
+	return d
+}

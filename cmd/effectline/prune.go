@@ -1,0 +1,50 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/effectline/effectline/cmd/effectline/app"
+	"github.com/effectline/effectline/pruner"
+	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/tool"
+	"github.com/effectline/effectline/tool/httptool"
+)
+
+// runPrune is `effectline prune`: one pass now, beside or instead of the
+// background pruner (the two never prune an operation twice).
+func runPrune(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlags("prune", stderr)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	cfg, err := app.FromEnv(getenv)
+	if err != nil {
+		return err
+	}
+	tools := tool.NewRegistry()
+	if cfg.ToolsFile != "" {
+		if tools, err = httptool.Load(cfg.ToolsFile, getenv); err != nil {
+			return err
+		}
+	}
+	pool, err := app.ConnectDatabase(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if _, err := store.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	p, err := pruner.New(store.New(pool), app.PruneConfig(cfg, tools))
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	n, err := p.RunOnce(ctx)
+	fmt.Fprintf(stdout, "pruned %d operations to tombstones, expired %d tombstones in %s\n",
+		n.Pruned, n.Expired, time.Since(start).Round(time.Millisecond))
+	return err
+}

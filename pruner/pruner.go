@@ -1,0 +1,233 @@
+// Package pruner enforces retention: it prunes settled operations to
+// tombstones once their tool's dedup window has passed, and deletes
+// tombstones older than the tombstone retention. The statements and the
+// race they close are the store's (store/prune.go); this package decides
+// what to prune when, elects the one replica that prunes in the background,
+// and paces the work so that it stays off the write path's latency.
+package pruner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/effectline/effectline/internal/metrics"
+	"github.com/effectline/effectline/store"
+)
+
+// DefaultRetention is the dedup window of a tool that names none.
+const DefaultRetention = 720 * time.Hour
+
+// DefaultLeaderLockKey is the advisory lock key that elects the pruning
+// replica ("pruner" in ASCII). Deployments sharing a database share it.
+const DefaultLeaderLockKey int64 = 0x7072756e6572
+
+// Config configures a Pruner. Zero fields take the defaults.
+type Config struct {
+	// Windows holds the dedup_window of the tools that set one.
+	Windows map[string]time.Duration
+	// Default is the window of every other tool, including tools no longer
+	// in the tools file. Default DefaultRetention.
+	Default time.Duration
+	// TombstoneRetention is how long a tombstone is kept after it was made.
+	// Zero keeps tombstones forever.
+	TombstoneRetention time.Duration
+	// Interval is how often the leader looks for work. Default 30s.
+	Interval time.Duration
+	// Batch bounds the operations one statement prunes (and the tombstones
+	// one statement deletes). Default 500.
+	Batch int
+	// Pace is the share of wall time the pruner may spend in its
+	// statements while it works through a backlog: after each batch it
+	// waits (1-Pace)/Pace times as long as the batch took. Default 0.5.
+	Pace float64
+	// LeaderLockKey is the advisory lock of the election. Default
+	// DefaultLeaderLockKey.
+	LeaderLockKey int64
+
+	Logger        *slog.Logger
+	MeterProvider metric.MeterProvider
+	Now           func() time.Time
+}
+
+// WithDefaults returns c with its zero fields set.
+func (c Config) WithDefaults() Config {
+	if c.Default <= 0 {
+		c.Default = DefaultRetention
+	}
+	if c.Interval <= 0 {
+		c.Interval = 30 * time.Second
+	}
+	if c.Batch <= 0 {
+		c.Batch = 500
+	}
+	if c.Pace <= 0 || c.Pace > 1 {
+		c.Pace = 0.5
+	}
+	if c.LeaderLockKey == 0 {
+		c.LeaderLockKey = DefaultLeaderLockKey
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.MeterProvider == nil {
+		c.MeterProvider = otel.GetMeterProvider()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if c.TombstoneRetention < 0 {
+		return errors.New("pruner: the tombstone retention must not be negative")
+	}
+	for tool, w := range c.Windows {
+		if w < 0 {
+			return fmt.Errorf("pruner: the dedup window of %s must not be negative", tool)
+		}
+	}
+	return nil
+}
+
+// Window returns the dedup window of tool.
+func (c Config) Window(tool string) time.Duration {
+	if w := c.Windows[tool]; w > 0 {
+		return w
+	}
+	return c.Default
+}
+
+// Pruner prunes one database. Create it with New.
+type Pruner struct {
+	store  *store.Store
+	cfg    Config
+	log    *slog.Logger
+	leader leader
+
+	pruned  metric.Int64Counter
+	expired metric.Int64Counter
+}
+
+// New returns a pruner for st.
+func New(st *store.Store, cfg Config) (*Pruner, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	p := &Pruner{store: st, cfg: cfg, log: cfg.Logger, leader: leader{key: cfg.LeaderLockKey}}
+	m := cfg.MeterProvider.Meter("github.com/effectline/effectline/pruner")
+	if err := metrics.Counters(m,
+		metrics.Counter{Into: &p.pruned, Name: "effectline.operations_pruned",
+			Description: "Settled operations pruned to tombstones after their tool's dedup window, by tool."},
+		metrics.Counter{Into: &p.expired, Name: "effectline.tombstones_expired",
+			Description: "Tombstones deleted after the tombstone retention; their keys are free again."},
+	); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Counts says what one pass did.
+type Counts struct {
+	Pruned  int
+	Expired int
+}
+
+// Run prunes in the background until ctx ends, on the replica that holds
+// the leader lock; the others wait their turn. A pass runs at start and
+// then every Interval (±20%, so replicas drift apart).
+func (p *Pruner) Run(ctx context.Context) error {
+	defer p.leader.release(context.WithoutCancel(ctx))
+	for {
+		if p.leader.ensure(ctx, p.store.Pool()) {
+			n, err := p.RunOnce(ctx)
+			switch {
+			case err != nil && ctx.Err() == nil:
+				p.log.WarnContext(ctx, "pruning failed", "error", err, "operations_pruned", n.Pruned)
+			case n.Pruned+n.Expired > 0:
+				p.log.InfoContext(ctx, "pruned", "operations_pruned", n.Pruned, "tombstones_expired", n.Expired)
+			}
+		}
+		wait := time.Duration(float64(p.cfg.Interval) * (0.8 + 0.4*rand.Float64()))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+	}
+}
+
+// RunOnce prunes everything due now, batch by batch, and expires old
+// tombstones; it returns when nothing due is left. It takes no lock: two
+// passes running at once (two replicas in the window of a leader change,
+// `effectline prune` beside the background pruner) lock disjoint rows and
+// each operation is pruned once.
+func (p *Pruner) RunOnce(ctx context.Context) (Counts, error) {
+	var n Counts
+	tools, err := p.store.SettledTools(ctx)
+	if err != nil {
+		return n, err
+	}
+	var errs []error
+	for _, tool := range tools {
+		before := p.cfg.Now().Add(-p.cfg.Window(tool))
+		pruned, err := p.drain(ctx, func(ctx context.Context) (int, error) {
+			return p.store.PruneSettled(ctx, tool, before, p.cfg.Now(), p.cfg.Batch)
+		})
+		n.Pruned += pruned
+		if pruned > 0 {
+			p.pruned.Add(ctx, int64(pruned), metric.WithAttributes(attribute.String("tool", tool)))
+		}
+		if err != nil {
+			errs = append(errs, err)
+			if ctx.Err() != nil {
+				return n, errors.Join(errs...)
+			}
+		}
+	}
+	if p.cfg.TombstoneRetention > 0 {
+		before := p.cfg.Now().Add(-p.cfg.TombstoneRetention)
+		expired, err := p.drain(ctx, func(ctx context.Context) (int, error) {
+			return p.store.ExpireTombstones(ctx, before, p.cfg.Batch)
+		})
+		n.Expired = expired
+		if expired > 0 {
+			p.expired.Add(ctx, int64(expired))
+		}
+		errs = append(errs, err)
+	}
+	return n, errors.Join(errs...)
+}
+
+// drain runs batch until it returns less than a full batch, pausing after
+// each one in proportion to its duration. The pause is what keeps a
+// backlog (the first pass after retention is switched on, or after an
+// outage) from taking a connection and the disk away from the write path
+// for minutes on end: the writes it competes with are the fsyncs of the
+// hot path's commits.
+func (p *Pruner) drain(ctx context.Context, batch func(context.Context) (int, error)) (int, error) {
+	total := 0
+	for {
+		start := time.Now()
+		n, err := batch(ctx)
+		total += n
+		if err != nil || n < p.cfg.Batch {
+			return total, err
+		}
+		pause := time.Duration(float64(time.Since(start)) * (1 - p.cfg.Pace) / p.cfg.Pace)
+		select {
+		case <-ctx.Done():
+			return total, ctx.Err()
+		case <-time.After(pause):
+		}
+	}
+}

@@ -1,0 +1,173 @@
+package workflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/store"
+)
+
+var (
+	// ErrNotFound: no workflow run under that id.
+	ErrNotFound = errors.New("workflow not found")
+	// ErrPayloadConflict: the workflow id was used with another workflow or
+	// input.
+	ErrPayloadConflict = errors.New("workflow id reused with another input")
+	// ErrNotWaiting: the run is not waiting for a decision.
+	ErrNotWaiting = errors.New("workflow is not waiting for a decision")
+	// ErrInvalidDecision: the decision cannot apply to this run.
+	ErrInvalidDecision = errors.New("invalid decision")
+	// ErrUnknownWorkflow: no workflow of that name is declared.
+	ErrUnknownWorkflow = errors.New("unknown workflow")
+	// ErrInvalidInput: the start request is malformed or its input does not
+	// match the workflow's input_schema.
+	ErrInvalidInput = errors.New("invalid workflow input")
+)
+
+// InputError says what is wrong with a start request.
+type InputError struct {
+	Field  string
+	Reason string
+}
+
+func (e *InputError) Error() string { return fmt.Sprintf("%s: %s", e.Field, e.Reason) }
+
+func (e *InputError) Unwrap() error { return ErrInvalidInput }
+
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// load reads the head of a run; forUpdate locks it for the transaction.
+func load(ctx context.Context, q querier, id string, forUpdate bool) (Record, error) {
+	sql := `SELECT record FROM workflows WHERE workflow_id = $1`
+	if forUpdate {
+		sql += ` FOR UPDATE`
+	}
+	var raw []byte
+	if err := q.QueryRow(ctx, sql, id).Scan(&raw); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return Record{}, fmt.Errorf("loading workflow %s: %w", id, ErrNotFound)
+		}
+		return Record{}, fmt.Errorf("loading workflow %s: %w", id, err)
+	}
+	var r Record
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return Record{}, fmt.Errorf("loading workflow %s: decoding the record: %w", id, err)
+	}
+	return r, nil
+}
+
+// write journals a plan inside tx: the head moves from base.Seq to the
+// plan's record only if it is still at base.Seq (the claim of the
+// transition), the events are appended, and the plan's intents recorded.
+// base.Seq 0 creates the run; false means another writer got there first.
+func write(ctx context.Context, tx pgx.Tx, base Record, p *plan, prefix, traceparent string) (bool, error) {
+	rec := p.rec
+	rec.Events, rec.Operations = nil, nil
+	raw, err := json.Marshal(rec)
+	if err != nil {
+		return false, fmt.Errorf("encoding workflow %s: %w", rec.WorkflowID, err)
+	}
+	var awaiting any
+	if rec.Awaiting != "" {
+		awaiting = rec.Awaiting
+	}
+	var tag int64
+	if base.Seq == 0 {
+		ct, err := tx.Exec(ctx, `INSERT INTO workflows (workflow_id, workflow, input_hash, status, seq, awaiting, record, created_at, updated_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8) ON CONFLICT (workflow_id) DO NOTHING`,
+			rec.WorkflowID, rec.Workflow, rec.InputHash, string(rec.Status), rec.Seq, awaiting, raw, rec.UpdatedAt)
+		if err != nil {
+			return false, fmt.Errorf("recording workflow %s: %w", rec.WorkflowID, err)
+		}
+		tag = ct.RowsAffected()
+	} else {
+		ct, err := tx.Exec(ctx, `UPDATE workflows SET status = $3, seq = $4, awaiting = $5, record = $6, updated_at = $7
+			WHERE workflow_id = $1 AND seq = $2`,
+			rec.WorkflowID, base.Seq, string(rec.Status), rec.Seq, awaiting, raw, rec.UpdatedAt)
+		if err != nil {
+			return false, fmt.Errorf("recording workflow %s: %w", rec.WorkflowID, err)
+		}
+		tag = ct.RowsAffected()
+	}
+	if tag == 0 {
+		return false, nil
+	}
+	for _, e := range p.events {
+		b, err := json.Marshal(e)
+		if err != nil {
+			return false, err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO workflow_events (workflow_id, seq, event_id, type, envelope, traceparent, occurred_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7)`, e.WorkflowID, e.Seq, e.EventID, string(e.Type), b, traceparent, e.OccurredAt); err != nil {
+			return false, fmt.Errorf("journaling %s of workflow %s: %w", e.Type, e.WorkflowID, err)
+		}
+	}
+	for _, in := range p.intents {
+		if err := recordIntent(ctx, tx, in, rec.Principal, prefix, traceparent, rec.UpdatedAt); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// recordIntent records a step's (or an undo's) intent inside tx. The key
+// may exist already with the same call: someone recorded it by hand, which
+// the step adopts. With another call it is a conflict the run cannot get
+// past, an error.
+func recordIntent(ctx context.Context, tx pgx.Tx, in intent, principal, prefix, traceparent string, at time.Time) error {
+	env, err := events.New(events.IntentRecorded, in.key, 1, in.tool, in.class, 0,
+		events.IntentData{Args: in.args, Principal: principal}, at)
+	if err != nil {
+		return fmt.Errorf("recording intent %s: %w", in.key, err)
+	}
+	_, err = store.AppendTx(ctx, tx, store.Append{Events: []events.Envelope{env}, Traceparent: traceparent, TopicPrefix: prefix})
+	if err == nil {
+		return nil
+	}
+	if !store.IsConflict(err) {
+		return fmt.Errorf("recording intent %s: %w", in.key, err)
+	}
+	op, lerr := store.LoadTx(ctx, tx, in.key)
+	if lerr != nil {
+		return fmt.Errorf("recording intent %s: %w", in.key, lerr)
+	}
+	hash, herr := events.PayloadHash(in.args)
+	if herr != nil {
+		return fmt.Errorf("recording intent %s: %w", in.key, herr)
+	}
+	if op.PayloadHash != hash || op.Tool != in.tool {
+		return fmt.Errorf("recording intent %s: the key is already recorded for another call: %w", in.key, ErrPayloadConflict)
+	}
+	return nil
+}
+
+// journal reads a run's events, in order.
+func journal(ctx context.Context, q querier, id string) ([]events.WorkflowEnvelope, error) {
+	rows, err := q.Query(ctx, `SELECT envelope FROM workflow_events WHERE workflow_id = $1 ORDER BY seq`, id)
+	if err != nil {
+		return nil, fmt.Errorf("reading workflow %s: %w", id, err)
+	}
+	defer rows.Close()
+	var out []events.WorkflowEnvelope
+	for rows.Next() {
+		var raw []byte
+		if err := rows.Scan(&raw); err != nil {
+			return nil, err
+		}
+		var e events.WorkflowEnvelope
+		if err := json.Unmarshal(raw, &e); err != nil {
+			return nil, fmt.Errorf("reading workflow %s: %w", id, err)
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,255 @@
+package workflow
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/internal/traceparent"
+	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/tool"
+)
+
+// MaxWorkflowIDBytes bounds a workflow id, so that every step's and undo's
+// operation key stays under the operation key limit.
+const MaxWorkflowIDBytes = 256
+
+// Start asks for one workflow run.
+type Start struct {
+	// WorkflowID identifies the run, from the caller's deterministic
+	// workflow layer (an order id), never a model's output or a run id:
+	// starting the same id again with the same input is a no-op.
+	WorkflowID string
+	// Workflow is the declared workflow's name.
+	Workflow string
+	// Input is a JSON object, checked against the workflow's input_schema.
+	Input json.RawMessage
+	// Principal is who asks; every step runs as this principal.
+	Principal string
+}
+
+// Service starts runs, reads them and records decisions. It is safe for
+// concurrent use.
+type Service struct {
+	pool   *pgxpool.Pool
+	store  *store.Store
+	eng    *engine
+	prefix string
+	now    func() time.Time
+}
+
+// NewService returns a service for the workflows defs, whose tools are in
+// reg. topicPrefix is the deployment's ("" for "effectline.").
+func NewService(st *store.Store, defs *Set, reg *tool.Registry, topicPrefix string) *Service {
+	if topicPrefix == "" {
+		topicPrefix = store.DefaultTopicPrefix
+	}
+	return &Service{pool: st.Pool(), store: st, eng: &engine{defs: defs, reg: reg}, prefix: topicPrefix, now: time.Now}
+}
+
+// Defs returns the declared workflows.
+func (s *Service) Defs() *Set { return s.eng.defs }
+
+// Start records a run in its own transaction; see StartTx.
+func (s *Service) Start(ctx context.Context, in Start) (Record, bool, error) {
+	var rec Record
+	var created bool
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var err error
+		rec, created, err = s.StartTx(ctx, tx, in)
+		return err
+	})
+	if err != nil {
+		return Record{}, false, err
+	}
+	if created {
+		s.store.NotifyAppended()
+	}
+	return rec, created, nil
+}
+
+// StartTx records a run inside tx, the caller's own transaction: the
+// workflow.started event and the first step's intent exist if and only if
+// tx commits. An id already recorded with the same workflow and input is
+// not an error: the recorded run is returned with created false. With
+// another workflow or input the error wraps ErrPayloadConflict. Neither
+// writes anything or aborts tx.
+func (s *Service) StartTx(ctx context.Context, tx pgx.Tx, in Start) (Record, bool, error) {
+	d, hash, err := s.check(in)
+	if err != nil {
+		return Record{}, false, err
+	}
+	base := newRecord(d, in.WorkflowID)
+	p := &plan{rec: base}
+	first := StepKey(in.WorkflowID, d.Steps[0].Name, 0)
+	base.Input = in.Input // the first step's args read the input
+	fi, err := s.eng.stepIntent(d, base, 0, first)
+	if err != nil {
+		return Record{}, false, &InputError{Field: "input", Reason: err.Error()}
+	}
+	p.intents = append(p.intents, fi)
+	if err := p.add(events.WorkflowStarted, events.WorkflowStartedData{Input: in.Input, InputHash: hash,
+		Principal: in.Principal, Step: d.Steps[0].Name, OperationKey: first}, s.now()); err != nil {
+		return Record{}, false, err
+	}
+	ok, err := write(ctx, tx, Record{}, p, s.prefix, traceparent.FromContext(ctx))
+	if err != nil {
+		return Record{}, false, err
+	}
+	if ok {
+		return p.rec, true, nil
+	}
+	existing, err := load(ctx, tx, in.WorkflowID, false)
+	if err != nil {
+		return Record{}, false, err
+	}
+	if existing.Workflow != in.Workflow || existing.InputHash != hash {
+		return existing, false, fmt.Errorf("workflow %s: %w", in.WorkflowID, ErrPayloadConflict)
+	}
+	return existing, false, nil
+}
+
+func (s *Service) check(in Start) (*Def, string, error) {
+	if r := checkID(in.WorkflowID); r != "" {
+		return nil, "", &InputError{Field: "workflow_id", Reason: r}
+	}
+	if in.Principal == "" {
+		return nil, "", &InputError{Field: "principal", Reason: "missing"}
+	}
+	d, ok := s.eng.defs.Get(in.Workflow)
+	if !ok {
+		return nil, "", fmt.Errorf("%w %q", ErrUnknownWorkflow, in.Workflow)
+	}
+	input := bytes.TrimSpace(in.Input)
+	if len(input) == 0 || input[0] != '{' {
+		return nil, "", &InputError{Field: "input", Reason: "must be a JSON object"}
+	}
+	if d.input != nil {
+		if err := d.input.ValidateArgs(input); err != nil {
+			var ae *tool.ArgsError
+			if errors.As(err, &ae) {
+				return nil, "", &InputError{Field: "input" + ae.Field, Reason: ae.Reason}
+			}
+			return nil, "", &InputError{Field: "input", Reason: err.Error()}
+		}
+	}
+	hash, err := events.PayloadHash(input)
+	if err != nil {
+		return nil, "", &InputError{Field: "input", Reason: err.Error()}
+	}
+	return d, hash, nil
+}
+
+func checkID(id string) string {
+	switch {
+	case id == "":
+		return "missing"
+	case len(id) > MaxWorkflowIDBytes:
+		return fmt.Sprintf("%d bytes, over the %d byte limit", len(id), MaxWorkflowIDBytes)
+	case !utf8.ValidString(id):
+		return "not valid UTF-8"
+	case strings.Contains(id, "/"):
+		return "contains '/', which separates the workflow id from the step in operation keys"
+	case strings.IndexFunc(id, unicode.IsControl) >= 0:
+		return "contains a control character"
+	}
+	return ""
+}
+
+// Get returns a run with its events and a summary of its operations.
+func (s *Service) Get(ctx context.Context, id string) (Record, error) {
+	r, err := load(ctx, s.pool, id, false)
+	if err != nil {
+		return Record{}, err
+	}
+	if r.Events, err = journal(ctx, s.pool, id); err != nil {
+		return Record{}, err
+	}
+	var keys []string
+	for _, st := range r.Steps {
+		for _, k := range []string{st.OperationKey, st.UndoKey} {
+			if k != "" {
+				keys = append(keys, k)
+			}
+		}
+	}
+	ops, err := s.store.LoadMany(ctx, keys)
+	if err != nil {
+		return Record{}, err
+	}
+	r.Operations = map[string]OperationSummary{}
+	for k, op := range ops {
+		r.Operations[k] = OperationSummary{Status: op.Status, Attempt: op.Attempt, LastErrorClass: op.LastErrorClass}
+	}
+	return r, nil
+}
+
+// List returns up to limit runs, newest first, optionally of one status.
+func (s *Service) List(ctx context.Context, status events.WorkflowStatus, limit int) ([]Record, error) {
+	if limit <= 0 || limit > 500 {
+		limit = 100
+	}
+	rows, err := s.pool.Query(ctx, `SELECT record FROM workflows WHERE ($1 = '' OR status = $1)
+		ORDER BY created_at DESC, workflow_id DESC LIMIT $2`, string(status), limit)
+	if err != nil {
+		return nil, fmt.Errorf("listing workflows: %w", err)
+	}
+	defer rows.Close()
+	out := []Record{}
+	for rows.Next() {
+		var raw []byte
+		if err := rows.Scan(&raw); err != nil {
+			return nil, err
+		}
+		var r Record
+		if err := json.Unmarshal(raw, &r); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// Decide records an approver's decision on an escalated run, and the
+// intent it calls for, in one transaction.
+func (s *Service) Decide(ctx context.Context, id string, action events.WorkflowAction, note, approver string) (Record, error) {
+	if approver == "" {
+		return Record{}, fmt.Errorf("%w: no approver", ErrInvalidDecision)
+	}
+	var rec Record
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		r, err := load(ctx, tx, id, true)
+		if err != nil {
+			return err
+		}
+		p, err := s.eng.decide(r, action, note, approver, s.now())
+		if err != nil {
+			rec = r
+			return err
+		}
+		ok, err := write(ctx, tx, r, p, s.prefix, traceparent.FromContext(ctx))
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("%w: the workflow changed meanwhile", ErrNotWaiting)
+		}
+		rec = p.rec
+		return nil
+	})
+	if err != nil {
+		return rec, err
+	}
+	s.store.NotifyAppended()
+	return rec, nil
+}
