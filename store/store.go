@@ -27,6 +27,10 @@ var (
 	// a value too large for an index entry). The same write fails the same
 	// way every time, so retrying it is pointless.
 	ErrRejectedValue = errors.New("value rejected by the database")
+	// ErrNoDatabase: the server answered, but the database the URL names
+	// does not exist (SQLSTATE 3D000). Starting a server will not help;
+	// creating the database will.
+	ErrNoDatabase = errors.New("the database does not exist")
 )
 
 // ConflictError says which append lost the race.
@@ -102,6 +106,10 @@ func Connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "3D000" {
+			return nil, fmt.Errorf("connecting to PostgreSQL at %s:%d: %w: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, ErrNoDatabase, err)
+		}
 		return nil, fmt.Errorf("connecting to PostgreSQL at %s:%d: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
 	}
 	return pool, nil

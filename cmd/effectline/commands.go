@@ -18,10 +18,10 @@ import (
 
 // runComponents is `effectline run`.
 func runComponents(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlags("run", stderr)
+	fs := newFlags("run", stdout, stderr)
 	list := fs.String("components", "", "comma-separated: relay,executor,projector,reconciler,workflow,api")
 	insecure := fs.Bool("insecure-open", false, "serve the API without tokens (every caller is the approver 'dev'); for closed networks only")
-	if err := parseFlags(fs, args); err != nil {
+	if err := fs.parse(args); err != nil {
 		return err
 	}
 	names, err := app.ParseComponents(*list)
@@ -61,7 +61,7 @@ func runComponents(ctx context.Context, args []string, getenv func(string) strin
 
 // runBench is `effectline bench` (package loadgen).
 func runBench(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlags("bench", stderr)
+	fs := newFlags("bench", stdout, stderr)
 	var bc loadgen.Config
 	fs.IntVar(&bc.N, "n", 5000, "operations to run")
 	fs.IntVar(&bc.Warmup, "warmup", 200, "operations run to completion first, not measured (consumer groups joined, connections open)")
@@ -73,7 +73,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs.StringVar(&bc.Via, "via", "outbox", "how intents come in: outbox (the agent's transactions) or http (POST /v1/intents)")
 	fs.BoolVar(&bc.Wait, "wait", false, "with -via http: each POST asks Prefer: wait=20 and the agent-perceived latency to its 200 is reported")
 	fs.StringVar(&bc.CPUProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
-	if err := parseFlags(fs, args); err != nil {
+	if err := fs.parse(args); err != nil {
 		return err
 	}
 	cfg, err := app.FromEnv(getenv)
@@ -88,8 +88,8 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 }
 
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlags("migrate", stderr)
-	if err := parseFlags(fs, args); err != nil {
+	fs := newFlags("migrate", stdout, stderr)
+	if err := fs.parse(args); err != nil {
 		return err
 	}
 	cfg, err := app.FromEnv(getenv)
@@ -114,12 +114,16 @@ func runMigrate(ctx context.Context, args []string, getenv func(string) string, 
 }
 
 func runProjectorCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		newFlags("projector rebuild", stdout, stderr).printHelp(stdout)
+		return errHelp
+	}
 	if len(args) == 0 || args[0] != "rebuild" {
 		fmt.Fprintln(stderr, "usage: effectline projector rebuild")
 		return errUsage
 	}
-	fs := newFlags("projector rebuild", stderr)
-	if err := parseFlags(fs, args[1:]); err != nil {
+	fs := newFlags("projector rebuild", stdout, stderr)
+	if err := fs.parse(args[1:]); err != nil {
 		return err
 	}
 	cfg, err := app.FromEnv(getenv)

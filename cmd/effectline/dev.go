@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/effectline/effectline/cmd/effectline/app"
 	"github.com/effectline/effectline/cmd/effectline/demo"
+	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/outbox"
 	"github.com/effectline/effectline/tool"
 	"github.com/effectline/effectline/tool/httptool"
 )
@@ -15,12 +18,12 @@ import (
 // runDev is `effectline dev`: every component in one process, on an embedded
 // Kafka-protocol broker unless EFFECTLINE_KAFKA_BROKERS names a real one.
 func runDev(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlags("dev", stderr)
+	fs := newFlags("dev", stdout, stderr)
 	runDemo := fs.Bool("demo", false, "start demo tools with realistic faults and run the worked example")
 	toolsFile := fs.String("tools", "", "the tools file (default $"+app.EnvTools+")")
 	orderID := fs.String("order-id", "ord-1001", "with --demo: the order to place; the same id resumes it")
 	exitAfter := fs.Bool("exit-after-demo", false, "with --demo: exit when the example is done instead of serving")
-	if err := parseFlags(fs, args); err != nil {
+	if err := fs.parse(args); err != nil {
 		return err
 	}
 	cfg, err := app.FromEnv(getenv)
@@ -47,6 +50,12 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 		if cfg.ToolsFile != "" {
 			fmt.Fprintln(stdout, "note: --demo uses its own tools; ignoring", cfg.ToolsFile)
 		}
+	}
+
+	if registry == nil && cfg.ToolsFile == "" {
+		// dev without tools still serves the API and the UI; the banner
+		// says how to add some.
+		registry = tool.NewRegistry()
 	}
 
 	brokerNote := "from " + app.EnvKafkaBrokers
@@ -91,6 +100,11 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	go func() { done <- a.Run(runCtx) }()
 
 	if *runDemo {
+		if err := sayResumed(runCtx, a, *orderID, stdout); err != nil {
+			stopRun()
+			<-done
+			return err
+		}
 		sum, err := demo.Run(runCtx, demo.Config{Store: a.Store, Downstream: downstream, Out: stdout, OrderID: *orderID, TopicPrefix: a.Kafka.TopicPrefix})
 		if err != nil {
 			stopRun()
@@ -106,5 +120,61 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 		}
 		fmt.Fprintf(stdout, "\nServing until Ctrl-C: explore %s/ui/ and %s/v1/operations\n", base, base)
 	}
-	return <-done
+	if err := <-done; err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		fmt.Fprintln(stdout, "\neffectline dev stopped cleanly: every component drained and its last outcomes journaled.")
+	}
+	return nil
+}
+
+// sayResumed tells, before the demo's timeline, that the order was placed
+// before on this database: its operations run once per operation key, so
+// the timeline that follows is the recorded one, not a new run.
+func sayResumed(ctx context.Context, a *app.App, orderID string, out io.Writer) error {
+	keys := make([]string, 0, len(demo.Steps))
+	for _, step := range demo.Steps {
+		key, err := outbox.OperationKey(orderID, step.Name)
+		if err != nil {
+			return fmt.Errorf("demo: %w", err)
+		}
+		keys = append(keys, key)
+	}
+	ops, err := a.Store.LoadMany(ctx, keys)
+	if err != nil {
+		return fmt.Errorf("demo: looking up order %s: %w", orderID, err)
+	}
+	if len(ops) == 0 {
+		return nil
+	}
+	settled := 0
+	for _, op := range ops {
+		if op.Status == events.StatusCompleted {
+			settled++
+		}
+	}
+	if settled == len(keys) {
+		fmt.Fprintf(out, "\nOrder %s already ran on this database: each of its %d operations runs once per operation key,\n"+
+			"so nothing is called again and the timeline below is the one recorded then. For a new order: --order-id %s\n",
+			orderID, len(keys), nextOrderID(orderID))
+		return nil
+	}
+	fmt.Fprintf(out, "\nResuming order %s: %d of its %d operations were recorded by an earlier run on this database;\n"+
+		"the timeline below continues them. For a new order: --order-id %s\n", orderID, len(ops), len(keys), nextOrderID(orderID))
+	return nil
+}
+
+// nextOrderID suggests an order id the database has not seen: the number
+// at the end of id plus one (ord-1001 → ord-1002), else id with "-2".
+func nextOrderID(id string) string {
+	i := len(id)
+	for i > 0 && id[i-1] >= '0' && id[i-1] <= '9' {
+		i--
+	}
+	if i == len(id) || len(id)-i > 9 {
+		return id + "-2"
+	}
+	n, _ := strconv.Atoi(id[i:])
+	return fmt.Sprintf("%s%0*d", id[:i], len(id)-i, n+1)
 }

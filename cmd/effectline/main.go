@@ -33,6 +33,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
+		if errors.Is(err, errHelp) {
+			return
+		}
 		if !errors.Is(err, errUsage) {
 			fmt.Fprintln(os.Stderr, "effectline:", err)
 		}
@@ -41,6 +44,9 @@ func main() {
 }
 
 var errUsage = errors.New("usage")
+
+// errHelp ends a command that printed its --help: exit status 0.
+var errHelp = errors.New("help")
 
 // defaultGOGC is the GC target when GOGC is unset (see main).
 const defaultGOGC = 400
@@ -60,7 +66,7 @@ Usage:
 
 Configuration is read from the environment: EFFECTLINE_DATABASE_URL, EFFECTLINE_KAFKA_BROKERS,
 EFFECTLINE_TOOLS, EFFECTLINE_HTTP_ADDR, EFFECTLINE_API_TOKENS, EFFECTLINE_APPROVERS and the
-standard OTEL_* variables. See README.md.
+standard OTEL_* variables. "effectline COMMAND --help" says which each command reads.
 `
 
 // run is main without the process: testable, and the only place that reads
@@ -99,22 +105,57 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	return errUsage
 }
 
-// newFlags returns a flag set that prints to stderr and returns errors.
-func newFlags(name string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("effectline "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	return fs
+// cmdFlags is a command's flag set with the help it prints for --help.
+type cmdFlags struct {
+	*flag.FlagSet
+	name           string
+	stdout, stderr io.Writer
 }
 
-func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
+// newFlags returns a command's flag set: --help prints the command's help
+// (commandHelp) to stdout and exits 0; a bad flag says so on stderr and
+// points at --help.
+func newFlags(name string, stdout, stderr io.Writer) *cmdFlags {
+	fs := flag.NewFlagSet("effectline "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	// Usage is printed by parse, to the stream the case calls for.
+	fs.Usage = func() {}
+	return &cmdFlags{FlagSet: fs, name: name, stdout: stdout, stderr: stderr}
+}
+
+func (f *cmdFlags) parse(args []string) error {
+	if err := f.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return errUsage
+			f.printHelp(f.stdout)
+			return errHelp
 		}
+		fmt.Fprintf(f.stderr, "run 'effectline %s --help' for its flags\n", f.name)
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	if f.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %s", strings.Join(f.Args(), " "))
 	}
 	return nil
+}
+
+// printHelp prints what the command does, its flags and the environment
+// variables it reads.
+func (f *cmdFlags) printHelp(w io.Writer) {
+	h := commandHelp[f.name]
+	fmt.Fprintf(w, "Usage: effectline %s [flags]\n\n%s\n", f.name, h.summary)
+	n := 0
+	f.VisitAll(func(*flag.Flag) { n++ })
+	if n > 0 {
+		fmt.Fprintln(w, "\nFlags:")
+		f.SetOutput(w)
+		f.PrintDefaults()
+		f.SetOutput(f.stderr)
+	}
+	if len(h.env) > 0 {
+		fmt.Fprintln(w, "\nEnvironment:")
+		for _, name := range h.env {
+			fmt.Fprintf(w, "  %-38s %s\n", name, envHelp[name])
+		}
+	}
+	fmt.Fprintln(w, "\nThe contract: docs/contract.md; the tools file: docs/tools-file.md.")
 }

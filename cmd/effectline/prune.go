@@ -16,8 +16,8 @@ import (
 // runPrune is `effectline prune`: one pass now, beside or instead of the
 // background pruner (the two never prune an operation twice).
 func runPrune(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlags("prune", stderr)
-	if err := parseFlags(fs, args); err != nil {
+	fs := newFlags("prune", stdout, stderr)
+	if err := fs.parse(args); err != nil {
 		return err
 	}
 	cfg, err := app.FromEnv(getenv)

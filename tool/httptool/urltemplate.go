@@ -34,7 +34,8 @@ type urlTemplate struct {
 	pathArgs [][]string
 }
 
-// templateData is what URL templates see (DESIGN §6).
+// templateData is what URL templates see (DESIGN §6); TemplateFields
+// describes its fields.
 type templateData struct {
 	Key          string
 	OperationKey string
@@ -85,8 +86,11 @@ func parseURLTemplate(text string) (*urlTemplate, error) {
 		ut.host = u.Host
 	}
 
+	if err := checkFields(tmpl.Tree); err != nil {
+		return nil, err
+	}
 	// Render once with placeholders, tolerating missing args, to catch
-	// references to fields templates do not have ({{.Keyy}}) at load.
+	// what checkFields cannot see at load.
 	check, err := template.New("url").Funcs(urlFuncs).Option("missingkey=zero").Parse(text)
 	if err != nil {
 		return nil, fmt.Errorf("not a valid template: %w", err)
@@ -172,6 +176,77 @@ func autoEscape(tree *parse.Tree) (pathArgs [][]string) {
 	}
 	walk(tree.Root)
 	return pathArgs
+}
+
+// TemplateFields are the fields a URL template may name, with what each
+// holds: the tools-file reference (docs/tools-file.md) lists the same.
+var TemplateFields = []struct{ Name, Holds string }{
+	{"Key", "the downstream key: the idempotency key to send, unique per effect (a compensated retry gets a new one)"},
+	{"OperationKey", "the operation key the agent chose"},
+	{"DownstreamID", "the id the downstream returned for the effect (compensate and reconcile; empty before it is known)"},
+	{"Args", "the intent's args, a JSON object: .Args.NAME is one of them"},
+}
+
+// checkFields refuses a field that templates do not have ({{.Argz.x}}),
+// listing the ones they do: text/template's own error names an internal
+// type. Only actions where dot is the template data are checked; inside
+// range and with, dot is something else.
+func checkFields(tree *parse.Tree) error {
+	known := map[string]bool{}
+	for _, f := range TemplateFields {
+		known[f.Name] = true
+	}
+	var bad string
+	var pipe func(p *parse.PipeNode)
+	pipe = func(p *parse.PipeNode) {
+		if p == nil {
+			return
+		}
+		for _, c := range p.Cmds {
+			for _, a := range c.Args {
+				switch a := a.(type) {
+				case *parse.FieldNode:
+					if bad == "" && !known[a.Ident[0]] {
+						bad = a.String()
+					}
+				case *parse.PipeNode:
+					pipe(a)
+				}
+			}
+		}
+	}
+	var walk func(list *parse.ListNode)
+	walk = func(list *parse.ListNode) {
+		if list == nil {
+			return
+		}
+		for _, n := range list.Nodes {
+			switch n := n.(type) {
+			case *parse.ActionNode:
+				pipe(n.Pipe)
+			case *parse.IfNode:
+				pipe(n.Pipe)
+				walk(n.List)
+				walk(n.ElseList)
+			case *parse.RangeNode:
+				pipe(n.Pipe)
+				walk(n.ElseList)
+			case *parse.WithNode:
+				pipe(n.Pipe)
+				walk(n.ElseList)
+			}
+		}
+	}
+	walk(tree.Root)
+	if bad == "" {
+		return nil
+	}
+	names := make([]string, len(TemplateFields))
+	for i, f := range TemplateFields {
+		names[i] = "." + f.Name
+	}
+	names[len(names)-1] += ".NAME"
+	return fmt.Errorf("{{%s}} is not a template field; the fields are %s (docs/tools-file.md)", bad, strings.Join(names, ", "))
 }
 
 // argsField returns the field path under .Args that an action prints

@@ -14,7 +14,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -71,12 +73,27 @@ func ConnectDatabase(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	pool, err := store.Connect(cctx, url)
+	if errors.Is(err, store.ErrNoDatabase) {
+		return nil, fmt.Errorf("%w\n\nThe server is running; the database %s names is missing. Create it:\n  %s\n"+
+			"or point %s at an existing database.", err, EnvDatabaseURL, createdbCommand(url), EnvDatabaseURL)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w\n\nPostgreSQL must be running and reachable through %s (now %q).\n"+
 			"On Debian: pg_ctlcluster $(ls /etc/postgresql) main start\n"+
 			"Elsewhere: docker compose -f docker-compose.kafka.yml up -d postgres", err, EnvDatabaseURL, RedactURL(url))
 	}
 	return pool, nil
+}
+
+// createdbCommand is the createdb command line that creates the database
+// url names, on the server it names.
+func createdbCommand(url string) string {
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return "createdb DBNAME"
+	}
+	cc := pc.ConnConfig
+	return fmt.Sprintf("createdb -h %s -p %d -U %s %s", cc.Host, cc.Port, cc.User, cc.Database)
 }
 
 // RedactURL hides a password in a database URL.
@@ -380,7 +397,7 @@ func (a *App) buildAPI() (*api.Server, error) {
 		return nil, err
 	}
 	if err := srv.Listen(); err != nil {
-		return nil, err
+		return nil, addrError(err, a.Config.HTTPAddr)
 	}
 	return srv, nil
 }
@@ -453,7 +470,7 @@ func (a *App) healthServer() *http.Server {
 func (a *App) serveHealth(ctx context.Context) error {
 	ln, err := net.Listen("tcp", a.Config.HTTPAddr)
 	if err != nil {
-		return fmt.Errorf("health endpoint: %w", err)
+		return fmt.Errorf("health endpoint: %w", addrError(err, a.Config.HTTPAddr))
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- a.health.Serve(ln) }()
@@ -467,10 +484,42 @@ func (a *App) serveHealth(ctx context.Context) error {
 	}
 }
 
-// EnsureTopics provisions the topics on the configured brokers.
-func (a *App) EnsureTopics(ctx context.Context) error {
-	if err := kafka.EnsureTopics(ctx, a.Kafka); err != nil {
-		return fmt.Errorf("%w\n\nCheck %s, or leave it unset under `effectline dev` to use the embedded broker", err, EnvKafkaBrokers)
+// addrError says what to do when the HTTP address is taken: the default
+// port is the first thing two effectline processes on one machine share.
+func addrError(err error, addr string) error {
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		return err
 	}
-	return nil
+	return fmt.Errorf("%w\n\n%s is already in use (another effectline, or another server). "+
+		"Set %s to a free address, e.g. %s=127.0.0.1:8081", err, addr, EnvHTTPAddr, EnvHTTPAddr)
 }
+
+// EnsureTopics provisions the topics on the configured brokers.
+// While the brokers do not answer it says so every KafkaProgressEvery, so
+// a wrong EFFECTLINE_KAFKA_BROKERS is not half a minute of silence.
+func (a *App) EnsureTopics(ctx context.Context) error {
+	done := make(chan error, 1)
+	go func() { done <- kafka.EnsureTopics(ctx, a.Kafka) }()
+	start := time.Now()
+	tick := time.NewTicker(KafkaProgressEvery)
+	defer tick.Stop()
+	brokers := strings.Join(a.Kafka.Brokers, ",")
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				return fmt.Errorf("%w\n\nCheck %s (now %q), or leave it unset under `effectline dev` to use the embedded broker",
+					err, EnvKafkaBrokers, brokers)
+			}
+			return nil
+		case <-tick.C:
+			waited := time.Since(start).Round(time.Second)
+			a.Log.Warn(fmt.Sprintf("still waiting for Kafka at %s (%d s); giving up after %s", brokers, int(waited.Seconds()), a.Kafka.ConnectTimeout),
+				"brokers", brokers, "env", EnvKafkaBrokers)
+		}
+	}
+}
+
+// KafkaProgressEvery is how often EnsureTopics reports that it is still
+// waiting for the brokers.
+const KafkaProgressEvery = 5 * time.Second
