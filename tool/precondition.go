@@ -65,14 +65,18 @@ type Checker interface {
 
 // Result turns a check that did not pass into the outcome of the attempt:
 // failed (nothing was sent), final when rejected and retryable when the
-// check could not be made.
+// check could not be made. Its body is {"check_failed": reason}, so the
+// reason the record's outcome quotes carries the schema's message; it has
+// no status code, because the mutation's downstream was never asked (the
+// check's own status is in its evidence).
 func (k Check) Result() Result {
 	kind := events.Final
 	if k.Verdict == Unchecked {
 		kind = events.Retryable
 	}
 	r := FailedResult(kind, k.ErrorClass, errors.New(k.Reason))
-	r.StatusCode, r.RetryAfter = k.StatusCode, k.RetryAfter
+	r.RetryAfter = k.RetryAfter
+	r.Body, _ = json.Marshal(map[string]string{"check_failed": k.Reason})
 	return r
 }
 

@@ -200,6 +200,12 @@ func TestGuardsEndToEnd(t *testing.T) {
 				!strings.Contains(rec.raw, `"verdict":"rejected"`) || !strings.Contains(rec.raw, c.reason) {
 				t.Errorf("%s: the record does not show the precondition's answer: %d %s", c.key, rec.status, rec.raw)
 			}
+			// The agent's outcome says why, with the schema's message.
+			outcome, _ := rec.body["outcome"].(map[string]any)
+			if reason, _ := outcome["reason"].(string); outcome["state"] != "failed" ||
+				!strings.Contains(reason, "precondition_failed") || !strings.Contains(reason, c.reason) {
+				t.Errorf("%s: outcome %v, want failed with precondition_failed and %q", c.key, outcome, c.reason)
+			}
 		}
 
 		// A precondition that cannot be asked is a retryable failure:
