@@ -15,8 +15,11 @@ import (
 // are Public to the bearer-token guard: the UI authenticates with its own
 // cookie session, signed in with an API token.
 func (s *Server) uiRoutes() {
-	u := ui.New(ui.Config{Open: s.cfg.Open, DevPrincipal: DevPrincipal, Logger: s.log},
-		ui.Deps{Server: uiServer{s}, Operations: s.operations, Store: s.store, Tools: s.tools})
+	deps := ui.Deps{Server: uiServer{s}, Operations: s.operations, Store: s.store, Tools: s.tools}
+	if s.workflows != nil {
+		deps.Workflows = s.workflows
+	}
+	u := ui.New(ui.Config{Open: s.cfg.Open, DevPrincipal: DevPrincipal, Logger: s.log}, deps)
 	for _, r := range u.Routes() {
 		s.Handle(r.Pattern, r.Handler, Public)
 	}

@@ -78,7 +78,7 @@ func (s *Server) timeoutFor(route string, r *http.Request) time.Duration {
 		if d, ok := preferWait(r); ok {
 			return s.cfg.RequestTimeout + d
 		}
-	case "/v1/operations/{key}":
+	case "/v1/operations/{key}", "/v1/workflows/{id}":
 		if d, given, ok := queryWait(r); given && ok {
 			return s.cfg.RequestTimeout + d
 		}

@@ -10,8 +10,10 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"time"
 
 	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/watch"
 	"github.com/effectline/effectline/workflow"
 )
 
@@ -103,16 +105,96 @@ func (s *Server) getWorkflow(w http.ResponseWriter, r *http.Request) {
 		writeUnavailable(w, "this process runs no workflows")
 		return
 	}
+	d, given, ok := queryWait(r)
+	if !ok {
+		writeFieldError(w, http.StatusBadRequest, codeInvalidRequest, "wait", "wait must be a duration such as 10s, at most 60s")
+		return
+	}
 	rec, err := s.workflows.Get(r.Context(), r.PathValue("id"))
+	if err == nil && given {
+		rec, err = s.waitWorkflow(r.Context(), w, rec, d)
+	}
 	switch {
 	case errors.Is(err, workflow.ErrNotFound):
 		writeError(w, http.StatusNotFound, codeNotFound, "no workflow with this id")
 	case err != nil:
 		s.log.ErrorContext(r.Context(), "reading a workflow failed", slog.Any("error", err))
 		writeUnavailable(w, "the workflow could not be read")
+	case given && !workflowSettled(rec):
+		w.Header().Set("Location", workflowHref(rec.WorkflowID))
+		writeJSON(w, http.StatusAccepted, rec)
 	default:
 		writeJSON(w, http.StatusOK, rec)
 	}
+}
+
+// workflowSettled reports whether a run has ended, or waits for a decision
+// on the run itself: nothing more happens without someone.
+func workflowSettled(r workflow.Record) bool {
+	switch r.Status {
+	case events.WorkflowCompleted, events.WorkflowUnwound, events.WorkflowEscalated, events.WorkflowAbandoned:
+		return true
+	}
+	return false
+}
+
+// workflowPoll is how often a waiting workflow read re-reads the run
+// regardless of wakes: the transition itself is written by a driver that
+// may run in another process, after the operation's last event, so no
+// operation event marks it.
+const workflowPoll = 250 * time.Millisecond
+
+// waitWorkflow re-reads rec until it settled, d passed, the request ended
+// or the server began shutting down. It watches the operation the run
+// awaits (a step's or an undo's), so a settling operation wakes it at
+// once, and re-reads on a short poll for the driver's transition after it.
+func (s *Server) waitWorkflow(ctx context.Context, w http.ResponseWriter, rec workflow.Record, d time.Duration) (workflow.Record, error) {
+	w.Header().Set("Preference-Applied", "wait="+strconv.Itoa(int(d/time.Second)))
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(d + s.cfg.WriteTimeout))
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	poll := time.NewTicker(workflowPoll)
+	defer poll.Stop()
+	var wt *watch.Watch
+	var watched string
+	defer func() {
+		if wt != nil {
+			wt.Close()
+		}
+	}()
+	for !workflowSettled(rec) {
+		var changed, released <-chan struct{}
+		if s.waits != nil && rec.Awaiting != watched {
+			if wt != nil {
+				wt.Close()
+				wt = nil
+			}
+			if watched = rec.Awaiting; watched != "" {
+				wt = s.waits.Watch(watched)
+			}
+		}
+		if wt != nil {
+			changed, released = wt.Changed(), wt.Released()
+		}
+		select {
+		case <-ctx.Done():
+			return rec, nil
+		case <-released:
+			return rec, nil
+		case <-changed:
+			wt.Take()
+		case <-poll.C:
+		}
+		next, err := s.workflows.Get(ctx, rec.WorkflowID)
+		if err != nil {
+			if ctx.Err() != nil {
+				return rec, nil
+			}
+			return rec, err
+		}
+		rec = next
+	}
+	return rec, nil
 }
 
 type workflowPage struct {

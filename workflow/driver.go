@@ -31,6 +31,32 @@ type DriverConfig struct {
 	// Default 100.
 	Batch  int
 	Logger *slog.Logger
+	// CrashPoint, when set, is called at the points where a crash matters
+	// (Point*), so the crash tests can kill the process there (a binary
+	// built with -tags crashpoints). Nil in production.
+	CrashPoint func(point string)
+}
+
+// Points where DriverConfig.CrashPoint is called. A transition taken while
+// the run unwinds (an undo completed, the next undo's intent follows) is
+// named apart, so a test can kill a process in the middle of an unwind.
+const (
+	// PointBeforeIntent: inside a transition's transaction, the workflow
+	// events journaled, the next step's intent not yet recorded.
+	PointBeforeIntent = "workflow_before_intent"
+	// PointAfterTransition: the transition committed with the next step's
+	// intent; no executor has claimed it yet.
+	PointAfterTransition = "workflow_after_transition"
+	// PointUndoBeforeIntent and PointUndoAfterTransition are the same
+	// points of a transition from an unwinding run.
+	PointUndoBeforeIntent    = "workflow_undo_before_intent"
+	PointUndoAfterTransition = "workflow_undo_after_transition"
+)
+
+func (d *Driver) crashPoint(p string) {
+	if d.cfg.CrashPoint != nil {
+		d.cfg.CrashPoint(p)
+	}
 }
 
 // WithDefaults fills the zero fields.
@@ -149,6 +175,8 @@ func (d *Driver) RunOnce(ctx context.Context) (int, error) {
 
 func (d *Driver) advance(ctx context.Context, id string) (bool, error) {
 	done := false
+	before, after := PointBeforeIntent, PointAfterTransition
+	intents := false
 	err := pgx.BeginFunc(ctx, d.svc.pool, func(tx pgx.Tx) error {
 		var raw []byte
 		err := tx.QueryRow(ctx, `SELECT record FROM workflows WHERE workflow_id = $1 FOR UPDATE SKIP LOCKED`, id).Scan(&raw)
@@ -176,7 +204,17 @@ func (d *Driver) advance(ctx context.Context, id string) (bool, error) {
 		if err != nil {
 			return err
 		}
-		ok, err := write(ctx, tx, r, p, d.svc.prefix, "")
+		if r.Status == events.WorkflowUnwinding {
+			before, after = PointUndoBeforeIntent, PointUndoAfterTransition
+		}
+		if intents = len(p.intents) > 0; intents {
+			p.beforeIntents = func() { d.crashPoint(before) }
+		}
+		tp, err := workflowTrace(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		ok, err := write(ctx, tx, r, p, d.svc.prefix, tp)
 		if err != nil {
 			return err
 		}
@@ -191,6 +229,9 @@ func (d *Driver) advance(ctx context.Context, id string) (bool, error) {
 	})
 	if err != nil {
 		return false, fmt.Errorf("advancing workflow %s: %w", id, err)
+	}
+	if done && intents {
+		d.crashPoint(after)
 	}
 	return done, nil
 }

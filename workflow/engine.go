@@ -25,6 +25,9 @@ type plan struct {
 	rec     Record
 	events  []events.WorkflowEnvelope
 	intents []intent
+	// beforeIntents, if set, runs after the events are journaled and
+	// before the intents are recorded (the driver's crash point).
+	beforeIntents func()
 }
 
 func (p *plan) add(t events.WorkflowType, data any, at time.Time) error {

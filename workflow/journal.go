@@ -111,6 +111,9 @@ func write(ctx context.Context, tx pgx.Tx, base Record, p *plan, prefix, tracepa
 			return false, fmt.Errorf("journaling %s of workflow %s: %w", e.Type, e.WorkflowID, err)
 		}
 	}
+	if p.beforeIntents != nil && len(p.intents) > 0 {
+		p.beforeIntents()
+	}
 	for _, in := range p.intents {
 		if err := recordIntent(ctx, tx, in, rec.Principal, prefix, traceparent, rec.UpdatedAt); err != nil {
 			return false, err
@@ -148,6 +151,17 @@ func recordIntent(ctx context.Context, tx pgx.Tx, in intent, principal, prefix, 
 		return fmt.Errorf("recording intent %s: the key is already recorded for another call: %w", in.key, ErrPayloadConflict)
 	}
 	return nil
+}
+
+// workflowTrace returns the trace context a run was started in, journaled
+// with its first event (startTrace).
+func workflowTrace(ctx context.Context, q querier, id string) (string, error) {
+	var tp string
+	err := q.QueryRow(ctx, `SELECT traceparent FROM workflow_events WHERE workflow_id = $1 AND seq = 1`, id).Scan(&tp)
+	if err != nil {
+		return "", fmt.Errorf("loading the trace context of workflow %s: %w", id, err)
+	}
+	return tp, nil
 }
 
 // journal reads a run's events, in order.

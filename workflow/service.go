@@ -3,6 +3,8 @@ package workflow
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -102,7 +104,7 @@ func (s *Service) StartTx(ctx context.Context, tx pgx.Tx, in Start) (Record, boo
 		Principal: in.Principal, Step: d.Steps[0].Name, OperationKey: first}, s.now()); err != nil {
 		return Record{}, false, err
 	}
-	ok, err := write(ctx, tx, Record{}, p, s.prefix, traceparent.FromContext(ctx))
+	ok, err := write(ctx, tx, Record{}, p, s.prefix, startTrace(ctx))
 	if err != nil {
 		return Record{}, false, err
 	}
@@ -117,6 +119,22 @@ func (s *Service) StartTx(ctx context.Context, tx pgx.Tx, in Start) (Record, boo
 		return existing, false, fmt.Errorf("workflow %s: %w", in.WorkflowID, ErrPayloadConflict)
 	}
 	return existing, false, nil
+}
+
+// startTrace is the trace context a run is started in: the caller's span,
+// or a new trace of its own when the caller has none. It is journaled with
+// the run's first event, and every step's and undo's intent is recorded
+// with it (workflowTrace), so the run is one trace whose operations'
+// spans are children of the start.
+func startTrace(ctx context.Context) string {
+	if tp := traceparent.FromContext(ctx); tp != "" {
+		return tp
+	}
+	var ids [24]byte
+	if _, err := rand.Read(ids[:]); err != nil {
+		return ""
+	}
+	return "00-" + hex.EncodeToString(ids[:16]) + "-" + hex.EncodeToString(ids[16:]) + "-01"
 }
 
 func (s *Service) check(in Start) (*Def, string, error) {
@@ -237,7 +255,11 @@ func (s *Service) Decide(ctx context.Context, id string, action events.WorkflowA
 			rec = r
 			return err
 		}
-		ok, err := write(ctx, tx, r, p, s.prefix, traceparent.FromContext(ctx))
+		tp, err := workflowTrace(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		ok, err := write(ctx, tx, r, p, s.prefix, tp)
 		if err != nil {
 			return err
 		}

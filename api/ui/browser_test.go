@@ -19,6 +19,7 @@ import (
 	"github.com/effectline/effectline/api"
 	"github.com/effectline/effectline/api/ui"
 	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/workflow"
 )
 
 // TestUIInBrowser drives the approval UI in headless Chromium, as an
@@ -37,9 +38,12 @@ func TestUIInBrowser(t *testing.T) {
 
 	var cfg api.Config
 	var deps api.Deps
-	f, _ := setupApproval(t, func(c *api.Config, d *api.Deps) { cfg, deps = *c, *d })
+	var svc *workflow.Service
+	f, _ := setupApproval(t, withWorkflows(t, &svc), func(c *api.Config, d *api.Deps) { cfg, deps = *c, *d })
 	const key = "order-9/charge"
 	escalated(t, f.store, key, "payments.charge", events.Irreversible, secretArgs)
+	const run = "gift-9"
+	escalatedWorkflow(t, f, svc, run)
 
 	base := startServer(t, cfg, deps)
 
@@ -171,6 +175,30 @@ func TestUIInBrowser(t *testing.T) {
 	}
 	if d := lastDecision(t, f.store, key); d.Approver != "ops" || d.Note != "charge visible in the PSP" {
 		t.Fatalf("decision %+v", d)
+	}
+
+	// The escalated workflow: from its card to its page, and abandoned with
+	// the run's own decision button.
+	wcard := `li.card[data-workflow="` + run + `"]`
+	must("reopening the queue for the workflow", chromedp.Do(browserCtx, chromedp.Navigate(base+"/ui/"), chromedp.WaitVisible(chromedp.CSS(wcard))))
+	must("opening the workflow", chromedp.Do(browserCtx, chromedp.Click(chromedp.CSS(wcard+` a.key`)),
+		chromedp.WaitVisible(chromedp.CSS(`table.steps`))))
+	if loc := location(); loc != base+ui.WorkflowHref(run) {
+		t.Fatalf("the workflow's card leads to %s", loc)
+	}
+	screenshot("ui-workflow.png")
+	res, err = chromedp.RunResponse(browserCtx, chromedp.Click(chromedp.CSS(`button[value="abandon"]`)))
+	must("abandoning the workflow", err)
+	if res.Status != http.StatusOK || location() != base+ui.WorkflowHref(run) {
+		t.Fatalf("after the workflow decision: %d at %s", res.Status, location())
+	}
+	flash, err = chromedp.Run(browserCtx, chromedp.Text(chromedp.CSS(`.flash`)))
+	must("reading the workflow's message", err)
+	if !strings.Contains(flash, "Recorded abandon on workflow "+run) {
+		t.Fatalf("after the workflow decision: message %q", flash)
+	}
+	if rec, err := svc.Get(ctx, run); err != nil || rec.Status != events.WorkflowAbandoned {
+		t.Fatalf("stored run %s, %v; want abandoned", rec.Status, err)
 	}
 
 	// The queue is empty now.

@@ -4,7 +4,9 @@
 // request with secrets redacted, what the downstream showed, the proposed
 // action) and its history; a decision is a plain form post to the same
 // decision path as the JSON API, answered with a redirect (303) back to the
-// operation and a one-time message.
+// operation and a one-time message. Workflow runs escalated to an approver
+// are listed on the queue too; a run's page shows its steps, their
+// operations, what it waits on and why, and the run's own decision form.
 //
 // For an operation of unknown outcome the page also asks the downstream
 // (the tool's reconcile, a few seconds at most, nothing journaled) and shows
@@ -28,6 +30,7 @@ import (
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
+	"github.com/effectline/effectline/workflow"
 )
 
 // Server is what the UI needs of the HTTP API it is mounted in, so a page
@@ -73,6 +76,14 @@ type Store interface {
 	Events(ctx context.Context, key string, afterSeq int64) ([]store.StoredEvent, error)
 }
 
+// Workflows reads workflow runs and records their decisions;
+// *workflow.Service is one.
+type Workflows interface {
+	Get(ctx context.Context, id string) (workflow.Record, error)
+	List(ctx context.Context, status events.WorkflowStatus, limit int) ([]workflow.Record, error)
+	Decide(ctx context.Context, id string, action events.WorkflowAction, note, approver string) (workflow.Record, error)
+}
+
 // Tools looks registered tools up; *tool.Registry is one.
 type Tools interface {
 	Get(name string) (tool.Tool, bool)
@@ -87,12 +98,14 @@ type Config struct {
 	Logger       *slog.Logger
 }
 
-// Deps are what the UI reads and decides through; all are required.
+// Deps are what the UI reads and decides through; all are required but
+// Workflows (nil: a process without workflows has no workflow pages).
 type Deps struct {
 	Server     Server
 	Operations Operations
 	Store      Store
 	Tools      Tools
+	Workflows  Workflows
 }
 
 // UI serves the approval pages. Mount its Routes in a server.
@@ -103,6 +116,7 @@ type UI struct {
 	operations Operations
 	store      Store
 	tools      Tools
+	workflows  Workflows
 }
 
 // New returns the UI. It does no I/O.
@@ -112,5 +126,5 @@ func New(cfg Config, deps Deps) *UI {
 		log = slog.Default()
 	}
 	return &UI{cfg: cfg, log: log, server: deps.Server, operations: deps.Operations,
-		store: deps.Store, tools: deps.Tools}
+		store: deps.Store, tools: deps.Tools, workflows: deps.Workflows}
 }

@@ -4,6 +4,7 @@ package ui
 var (
 	CSRFToken     = csrfToken
 	OperationHref = uiOperationHref
+	WorkflowHref  = uiWorkflowHref
 	SessionValue  = sessionValue
 	CSSURL        = uiCSSURL
 )

@@ -91,6 +91,8 @@ func (s *UI) Routes() []Route {
 		{"GET /ui/", s.uiQueue},
 		{"GET /ui/operations/{key}", s.uiOperation},
 		{"POST /ui/operations/{key}/decisions", s.uiDecide},
+		{"GET /ui/workflows/{id}", s.uiWorkflow},
+		{"POST /ui/workflows/{id}/decisions", s.uiWorkflowDecide},
 		{"GET /ui/login", s.uiLoginForm},
 		{"POST /ui/login", s.uiLogin},
 		{"POST /ui/logout", s.uiLogout},
@@ -206,13 +208,18 @@ type uiItem struct {
 	Since                                string
 	Reason, ReasonText, Proposed         string
 	GateWhy                              string
-	Decide                               *uiDecideForm
-	updated                              time.Time
+	// Workflow and WorkflowHref name the run a step's operation belongs to.
+	Workflow, WorkflowHref string
+	Decide                 *uiDecideForm
+	updated                time.Time
 }
 
 type uiQueueView struct {
 	Items     []uiItem
 	Truncated bool
+	// Workflows are the runs escalated to an approver.
+	Workflows          []uiWorkflowItem
+	WorkflowsTruncated bool
 }
 
 // uiDecideForm is the decision form of one operation.
@@ -265,6 +272,11 @@ func (s *UI) uiQueue(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	slices.SortStableFunc(q.Items, func(a, b uiItem) int { return a.updated.Compare(b.updated) })
+	var err error
+	if q.Workflows, q.WorkflowsTruncated, err = s.waitingWorkflows(r, sess); err != nil {
+		s.uiFailure(w, r, sess, "listing the workflows waiting for a decision", "", err)
+		return
+	}
 	s.render(w, r, http.StatusOK, uiQueuePage, uiPage{Title: "Waiting for a decision", Session: sess,
 		Flash: takeFlash(w, r), Data: q})
 }
@@ -273,6 +285,9 @@ func (s *UI) queueItem(op events.Operation, sess uiSession) uiItem {
 	it := uiItem{
 		Key: op.Key, Href: uiOperationHref(op.Key), Tool: op.Tool, EffectClass: string(op.EffectClass),
 		Status: string(op.Status), Attempt: op.Attempt, Since: since(op.UpdatedAt), updated: op.UpdatedAt,
+	}
+	if id, ok := workflowOf(op.Key); ok && s.workflows != nil {
+		it.Workflow, it.WorkflowHref = id, uiWorkflowHref(id)
 	}
 	var proposed events.Action
 	if e := op.Escalation; e != nil {

@@ -10,9 +10,9 @@ import (
 	"github.com/effectline/effectline/cmd/effectline/app"
 	"github.com/effectline/effectline/cmd/effectline/demo"
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/outbox"
 	"github.com/effectline/effectline/tool"
 	"github.com/effectline/effectline/tool/httptool"
+	"github.com/effectline/effectline/workflow"
 )
 
 // runDev is `effectline dev`: every component in one process, on an embedded
@@ -38,6 +38,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	}
 
 	var registry *tool.Registry
+	var workflows *workflow.Set
 	var downstream *demo.Downstream
 	if *runDemo {
 		if downstream, err = demo.StartDownstream(); err != nil {
@@ -46,6 +47,9 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 		defer downstream.Close()
 		if registry, err = httptool.Parse([]byte(downstream.ToolsYAML()), getenv); err != nil {
 			return fmt.Errorf("demo tools: %w", err)
+		}
+		if workflows, err = workflow.Parse([]byte(downstream.ToolsYAML()), registry); err != nil {
+			return fmt.Errorf("demo workflows: %w", err)
 		}
 		if cfg.ToolsFile != "" {
 			fmt.Fprintln(stdout, "note: --demo uses its own tools; ignoring", cfg.ToolsFile)
@@ -72,7 +76,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 
 	a, err := app.Open(ctx, app.Options{
 		Config: cfg, Stdout: stderr, Getenv: getenv, Components: app.Components, Migrate: true,
-		Tools: registry, Open: open, Service: "effectline-dev", Version: version,
+		Tools: registry, Workflows: workflows, Open: open, Service: "effectline-dev", Version: version,
 	})
 	if err != nil {
 		return err
@@ -105,7 +109,8 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 			<-done
 			return err
 		}
-		sum, err := demo.Run(runCtx, demo.Config{Store: a.Store, Downstream: downstream, Out: stdout, OrderID: *orderID, TopicPrefix: a.Kafka.TopicPrefix})
+		sum, err := demo.Run(runCtx, demo.Config{Store: a.Store, Workflows: a.Workflows,
+			Downstream: downstream, Out: stdout, OrderID: *orderID, UIBase: base})
 		if err != nil {
 			stopRun()
 			<-done
@@ -135,11 +140,9 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 func sayResumed(ctx context.Context, a *app.App, orderID string, out io.Writer) error {
 	keys := make([]string, 0, len(demo.Steps))
 	for _, step := range demo.Steps {
-		key, err := outbox.OperationKey(orderID, step.Name)
-		if err != nil {
-			return fmt.Errorf("demo: %w", err)
-		}
-		keys = append(keys, key)
+		// The demo's order is a workflow: its steps are the operations
+		// wf:<order>/<step>.
+		keys = append(keys, workflow.StepKey(orderID, step.Name, 0))
 	}
 	ops, err := a.Store.LoadMany(ctx, keys)
 	if err != nil {

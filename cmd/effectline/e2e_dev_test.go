@@ -38,6 +38,10 @@ var (
 // devDemoKeys are the demo's operation keys for order ord-1001, in step order.
 var devDemoKeys = []string{"wf:ord-1001/reserve", "wf:ord-1001/charge", "wf:ord-1001/confirm"}
 
+// devDemoHeld are the operations of the demo's second order, ord-1001-2,
+// whose charge nobody can confirm: it waits for an approver.
+var devDemoHeld = []string{"wf:ord-1001-2/reserve=completed", "wf:ord-1001-2/charge=escalated"}
+
 // TestDevDemo runs `effectline dev --demo` on a fresh database and the
 // embedded broker, checks the worked example's timeline and figures, then
 // the API it keeps serving, then SIGTERM; a second run against the same
@@ -61,8 +65,9 @@ func TestDevDemo(t *testing.T) {
 	for i, k := range devDemoKeys {
 		want[i] = k + "=completed"
 	}
-	if ops != strings.Join(want, " ") {
-		t.Errorf("operations line = %q, want %q", ops, strings.Join(want, " "))
+	all := append(slices.Clone(want), devDemoHeld...)
+	if ops != strings.Join(all, " ") {
+		t.Errorf("operations line = %q, want %q", ops, strings.Join(all, " "))
 	}
 	if !regexp.MustCompile(`(?m)^duplicates: 0$`).MatchString(out) {
 		t.Errorf("summary does not say duplicates: 0")
@@ -73,10 +78,11 @@ func TestDevDemo(t *testing.T) {
 	tallies := devTallies(t, out)
 	for svc, w := range map[string]devTally{
 		// Reserve: the lost response, then the retry under ~c1; the first
-		// reservation is released.
-		"inventory": {requests: 2, effects: 1, undone: 1},
+		// reservation is released. The second order's reserve: one more.
+		"inventory": {requests: 3, effects: 2, undone: 1},
 		// Charge: one request; reconciliation found it, nothing sent again.
-		"payments": {requests: 1, effects: 1},
+		// The second order's charge: one request, never repeated.
+		"payments": {requests: 2, effects: 2},
 		// Confirm: the 429, then the delayed retry.
 		"email": {requests: 2, effects: 1},
 	} {
@@ -100,7 +106,7 @@ func TestDevDemo(t *testing.T) {
 	if n := len(regexp.MustCompile(`(?m)attempt \d+ →`).FindAllString(charge, -1)); n != 1 {
 		t.Errorf("the charge was attempted %d times, want exactly 1:\n%s", n, charge)
 	}
-	confirm := devSection(out, "email.send  (", "Summary:")
+	confirm := devSection(out, "email.send  (", "Second order")
 	devInOrder(t, "confirm", confirm,
 		regexp.MustCompile(`attempt 1 failed\s+http_429, nothing happened: retry in 1\.\ds`),
 		regexp.MustCompile(`attempt 2 →\s+Idempotency-Key: wf:ord-1001/confirm \(after waiting (\d+\.\d)s\)`),
@@ -109,6 +115,25 @@ func TestDevDemo(t *testing.T) {
 		if w, _ := strconv.ParseFloat(m[1], 64); w < 1.0 {
 			t.Errorf("the confirm's retry waited %ss, want at least the Retry-After of 1s", m[1])
 		}
+	}
+
+	// The workflow's own events sit between the steps: each next intent is
+	// recorded with the previous step's completion.
+	devInOrder(t, "workflow ord-1001", devSection(out, "Worked example", "Second order"),
+		regexp.MustCompile(`workflow started\s+workflow ord-1001:`),
+		regexp.MustCompile(`step reserve completed\s+next: charge`),
+		regexp.MustCompile(`step charge completed\s+next: confirm`),
+		regexp.MustCompile(`workflow completed`))
+	// The second order's charge is attempted once, reconciliation cannot
+	// tell, and the workflow waits on it for an approver.
+	held := devSection(out, "Second order", "Summary:")
+	devInOrder(t, "ord-1001-2", held,
+		regexp.MustCompile(`attempt 1 →\s+Idempotency-Key: wf:ord-1001-2/charge$`),
+		regexp.MustCompile(`attempt 1 UNKNOWN .*never retried blindly`),
+		regexp.MustCompile(`ESCALATED\s+cannot_tell`),
+		regexp.MustCompile(`^Waiting: workflow ord-1001-2 waits on wf:ord-1001-2/charge \(escalated\) for an approver: http://.*/ui/workflows/ord-1001-2$`))
+	if n := len(regexp.MustCompile(`(?m)attempt \d+ →\s+Idempotency-Key: wf:ord-1001-2/charge`).FindAllString(held, -1)); n != 1 {
+		t.Errorf("the second order's charge was attempted %d times, want exactly 1:\n%s", n, held)
 	}
 
 	// The API serves the three operations, completed, with their histories.
@@ -207,7 +232,7 @@ func TestDevDemo(t *testing.T) {
 		t.Fatalf("resumed demo: %v", err)
 	}
 	out = again.output()
-	for _, key := range devDemoKeys {
+	for _, key := range append(slices.Clone(devDemoKeys), "wf:ord-1001-2/reserve", "wf:ord-1001-2/charge") {
 		if !strings.Contains(out, "(operation "+key+" already exists: resuming it)") {
 			t.Errorf("resumed demo does not say it resumes %s", key)
 		}
@@ -218,7 +243,7 @@ func TestDevDemo(t *testing.T) {
 		}
 	}
 	if !regexp.MustCompile(`(?m)^duplicates: 0$`).MatchString(out) ||
-		!strings.Contains(out, "operations: "+strings.Join(want, " ")) {
+		!strings.Contains(out, "operations: "+strings.Join(all, " ")) {
 		t.Errorf("resumed demo's summary is not duplicates 0 and every operation completed")
 	}
 	if strings.Contains(out, "retry in -") {

@@ -55,8 +55,8 @@ type App struct {
 	// APIShutdownDelay).
 	apiDrain time.Duration
 
-	// crashPoint is the executor's crash hook; nil unless built with the
-	// crashpoints tag (crashpoint.go).
+	// crashPoint is the executor's and the workflow driver's crash hook;
+	// nil unless built with the crashpoints tag (crashpoint.go).
 	crashPoint func(string)
 
 	comps  []Component
@@ -112,9 +112,12 @@ type Options struct {
 	Components []string // the components that will be built, to check for tools
 	Migrate    bool
 	Tools      *tool.Registry // overrides Config.ToolsFile (dev --demo)
-	Open       bool
-	Service    string // the OpenTelemetry service name
-	Version    string
+	// Workflows declares the workflows of Tools, a registry given in code
+	// (dev --demo); nil declares none.
+	Workflows *workflow.Set
+	Open      bool
+	Service   string // the OpenTelemetry service name
+	Version   string
 	// APIDrain: see APIShutdownDelay. Zero under dev, which nothing
 	// balances traffic to, so Ctrl-C exits at once.
 	APIDrain time.Duration

@@ -10,17 +10,21 @@ import (
 // loadWorkflows reads the workflows of the tools file and registers the
 // undo tools their compensable steps need, before any component is built:
 // the executor must know those tools when an unwind's first undo arrives.
-// A registry given in code (dev --demo) declares no workflows.
+// A registry given in code (dev --demo) comes with its workflows in code
+// too (Options.Workflows).
 func (a *App) loadWorkflows(o Options) error {
 	defs := &workflow.Set{}
-	if o.Tools == nil && o.Config.ToolsFile != "" {
+	switch {
+	case o.Tools != nil && o.Workflows != nil:
+		defs = o.Workflows
+	case o.Tools == nil && o.Config.ToolsFile != "":
 		var err error
 		if defs, err = workflow.Load(o.Config.ToolsFile, a.Tools); err != nil {
 			return err
 		}
-		if err := workflow.RegisterUndoTools(a.Tools, defs); err != nil {
-			return err
-		}
+	}
+	if err := workflow.RegisterUndoTools(a.Tools, defs); err != nil {
+		return err
 	}
 	a.Workflows = workflow.NewService(a.Store, defs, a.Tools, kafka.Config{TopicPrefix: o.Config.TopicPrefix}.WithDefaults().TopicPrefix)
 	return nil
@@ -33,7 +37,7 @@ func (a *App) workflowComponent() (Component, error) {
 	if err != nil {
 		return Component{}, err
 	}
-	d := workflow.NewDriver(a.Workflows, producer, workflow.DriverConfig{Logger: a.Log})
+	d := workflow.NewDriver(a.Workflows, producer, workflow.DriverConfig{Logger: a.Log, CrashPoint: a.crashPoint})
 	return Component{Workflow, func(ctx context.Context) error {
 		defer producer.Close()
 		return d.Run(ctx)

@@ -6,45 +6,52 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/outbox"
 	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/workflow"
 )
 
 // Config configures the worked example.
 type Config struct {
-	Store      *store.Store
+	Store *store.Store
+	// Workflows runs the order: the service whose declarations include
+	// the demo tools file's "order" workflow, with its driver running.
+	Workflows  *workflow.Service
 	Downstream *Downstream
 	Out        io.Writer
 	// OrderID names the order; its steps' operation keys derive from it, so
 	// running the demo again with the same id resumes where it stopped.
+	// The second order, whose charge nobody can confirm, is OrderID+"-2".
 	OrderID string
 	// StepTimeout bounds the wait for one step. Default 60s.
 	StepTimeout time.Duration
-	// TopicPrefix must match the deployment's. Default "effectline.".
-	TopicPrefix string
+	// UIBase prefixes the approval UI's links ("" prints paths).
+	UIBase string
 }
+
+// Workflow is the declared workflow the demo's orders run as.
+const Workflow = "order"
 
 // Step is one step of the order workflow.
 type Step struct {
 	Name string
 	Tool string
-	Args string
 	Why  string
 }
 
 // Steps is the order: reserve inventory → charge the customer → confirm.
 var Steps = []Step{
-	{"reserve", "inventory.reserve", `{"sku":"SKU-42","quantity":2}`,
+	{"reserve", "inventory.reserve",
 		"compensable: its first response is lost → undo → retry under a new key"},
-	{"charge", "payments.charge", `{"amount":4999,"currency":"EUR","card_number":"4242424242424242"}`,
+	{"charge", "payments.charge",
 		"irreversible: its response is lost after the charge committed → reconciliation finds it → no second charge"},
-	{"confirm", "email.send", `{"to":"customer@example.com","template":"order_confirmed"}`,
+	{"confirm", "email.send",
 		"irreversible: 429 with Retry-After: 1 → a delayed retry"},
 }
 
@@ -55,12 +62,28 @@ type Summary struct {
 	Tallies    []Tally
 	Duplicates int
 	Completed  int
+	// Waiting is the second order's operation waiting for an approver, ""
+	// when it does not wait (decided in an earlier run).
+	Waiting string
 }
 
-// Run places one order through the three steps, each with its own operation
-// key, printing a live timeline; it stops at the first step that does not
-// complete. The agent's business write (the order row) and each intent
-// commit in one transaction, as an agent service would do it.
+// order is one run of the worked example.
+type order struct {
+	id     string
+	intro  string
+	amount int
+	why    map[string]string // a step's fault in this order, if not Steps' Why
+}
+
+// Run places two orders as runs of the declared workflow "order", printing
+// a live timeline of each step's operation. The first goes through all
+// three steps despite a fault at each. The second one's charge loses its
+// response and the payments ledger cannot tell whether it happened: the
+// operation is escalated and the workflow waits on it, a real decision for
+// the approval UI. Each order's row and the workflow's start (with its
+// first step's intent) commit in one transaction, as an agent service
+// would do it; the workflow driver records every later intent with the
+// previous step's completion.
 func Run(ctx context.Context, cfg Config) (Summary, error) {
 	if cfg.StepTimeout <= 0 {
 		cfg.StepTimeout = 60 * time.Second
@@ -72,44 +95,43 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	}
 	start := time.Now()
 	tl := &timeline{out: cfg.Out, start: start}
-	fmt.Fprintf(cfg.Out, "\nWorked example: order %s — reserve inventory → charge the customer → send the confirmation\n", cfg.OrderID)
-	for _, step := range Steps {
-		key, err := outbox.OperationKey(cfg.OrderID, step.Name)
-		if err != nil {
-			return sum, fmt.Errorf("demo: %w", err)
-		}
-		fmt.Fprintf(cfg.Out, "\n%s  (%s)\n", step.Tool, step.Why)
-		var appended outbox.Appended
-		err = pgx.BeginFunc(ctx, cfg.Store.Pool(), func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `INSERT INTO demo_orders (order_id, step) VALUES ($1, $2)
-				ON CONFLICT (order_id) DO UPDATE SET step = EXCLUDED.step, updated_at = now()`, cfg.OrderID, step.Name); err != nil {
-				return err
-			}
-			var err error
-			appended, err = outbox.Writer{TopicPrefix: cfg.TopicPrefix}.Append(ctx, tx, outbox.Intent{
-				OperationKey: key, Tool: step.Tool, EffectClass: classOf(step.Tool),
-				Args: json.RawMessage(step.Args), Principal: "order-agent",
-			})
-			return err
-		})
-		if err != nil {
-			return sum, fmt.Errorf("demo: recording the %s intent: %w", step.Name, err)
-		}
-		cfg.Store.NotifyAppended()
-		if !appended.Created {
-			fmt.Fprintf(cfg.Out, "  (operation %s already exists: resuming it)\n", key)
-		}
-		op, err := tl.follow(ctx, cfg.Store, key, cfg.StepTimeout)
-		sum.Operations = append(sum.Operations, op)
+	second := cfg.OrderID + "-2"
+	cfg.Downstream.CannotTell(workflow.StepKey(second, "charge", 0))
+	orders := []order{
+		{cfg.OrderID, fmt.Sprintf("Worked example: order %s — reserve inventory → charge the customer → send the confirmation, as the declared workflow %q", cfg.OrderID, Workflow), 4999, nil},
+		{second, fmt.Sprintf("Second order %s: its charge's response is lost and the payments ledger cannot tell whether it happened", second), 12900,
+			map[string]string{
+				"reserve": "compensable: no fault this time",
+				"charge":  "irreversible: its response is lost and reconciliation cannot tell → escalated; the workflow waits for the decision",
+			}},
+	}
+	for _, o := range orders {
+		fmt.Fprintf(cfg.Out, "\n%s\n", o.intro)
+		ops, rec, err := runOrder(ctx, cfg, tl, o)
+		sum.Operations = append(sum.Operations, ops...)
 		if err != nil {
 			return sum, err
 		}
-		if op.Status != events.StatusCompleted {
-			fmt.Fprintf(cfg.Out, "\nStopped: %s is %s. Decide at /ui/ and run the demo again with --order-id %s to resume.\n",
-				key, op.Status, cfg.OrderID)
-			break
+		if o.id == cfg.OrderID {
+			for _, st := range rec.Steps {
+				if st.Status == workflow.StepCompleted {
+					sum.Completed++
+				}
+			}
 		}
-		sum.Completed++
+		switch {
+		case rec.Status == events.WorkflowCompleted:
+			fmt.Fprintf(cfg.Out, "\nWorkflow %s completed: %d steps, each intent recorded with the previous step's completion\n", o.id, len(rec.Steps))
+		case rec.Status.Active() && rec.Awaiting != "":
+			op := ops[len(ops)-1]
+			if op.Status == events.StatusEscalated {
+				sum.Waiting = op.Key
+			}
+			fmt.Fprintf(cfg.Out, "\nWaiting: workflow %s waits on %s (%s) for an approver: %s%s\n",
+				o.id, op.Key, op.Status, cfg.UIBase, "/ui/workflows/"+url.PathEscape(o.id))
+		default:
+			fmt.Fprintf(cfg.Out, "\nWorkflow %s is %s: %s%s\n", o.id, rec.Status, cfg.UIBase, "/ui/workflows/"+url.PathEscape(o.id))
+		}
 	}
 	sum.Tallies = cfg.Downstream.Tallies()
 	for _, t := range sum.Tallies {
@@ -119,17 +141,161 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	return sum, nil
 }
 
-func classOf(toolName string) events.EffectClass {
-	if toolName == "inventory.reserve" {
-		return events.Compensable
+// runOrder starts (or resumes) one order's workflow and follows each step's
+// operation until the workflow ends or waits on an operation that waits
+// for a human.
+func runOrder(ctx context.Context, cfg Config, tl *timeline, o order) ([]events.Operation, workflow.Record, error) {
+	input, err := json.Marshal(map[string]any{"order_id": o.id, "sku": "SKU-42", "quantity": 2, "amount": o.amount})
+	if err != nil {
+		return nil, workflow.Record{}, err
 	}
-	return events.Irreversible
+	var rec workflow.Record
+	var created bool
+	err = pgx.BeginFunc(ctx, cfg.Store.Pool(), func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO demo_orders (order_id, step) VALUES ($1, 'placed')
+			ON CONFLICT (order_id) DO NOTHING`, o.id); err != nil {
+			return err
+		}
+		var err error
+		rec, created, err = cfg.Workflows.StartTx(ctx, tx, workflow.Start{
+			WorkflowID: o.id, Workflow: Workflow, Input: input, Principal: "order-agent"})
+		return err
+	})
+	if err != nil {
+		return nil, rec, fmt.Errorf("demo: starting workflow %s: %w", o.id, err)
+	}
+	if created {
+		cfg.Store.NotifyAppended()
+	}
+	// A resumed order's steps that ran before say so; the ones its driver
+	// records from now on are new.
+	existed := map[string]bool{}
+	if !created {
+		for _, st := range rec.Steps {
+			if st.OperationKey == "" {
+				continue
+			}
+			if _, err := cfg.Store.Load(ctx, st.OperationKey); err == nil {
+				existed[st.OperationKey] = true
+			}
+		}
+	}
+	var ops []events.Operation
+	var wfSeq int64
+	deadline := time.Now().Add(cfg.StepTimeout * time.Duration(len(Steps)))
+	for i, step := range Steps {
+		// The step's operation exists once the driver recorded its intent.
+		for {
+			if rec, err = cfg.Workflows.Get(ctx, o.id); err != nil {
+				return ops, rec, fmt.Errorf("demo: reading workflow %s: %w", o.id, err)
+			}
+			wfSeq = tl.printWorkflow(rec.Events, wfSeq)
+			if rec.Steps[i].OperationKey != "" || !rec.Status.Active() {
+				break
+			}
+			if time.Now().After(deadline) {
+				return ops, rec, fmt.Errorf("demo: workflow %s did not reach step %s within %s (status %s)", o.id, step.Name, cfg.StepTimeout, rec.Status)
+			}
+			select {
+			case <-ctx.Done():
+				return ops, rec, ctx.Err()
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		key := rec.Steps[i].OperationKey
+		if key == "" {
+			break // the workflow ended before this step
+		}
+		why := step.Why
+		if w, ok := o.why[step.Name]; ok {
+			why = w
+		}
+		fmt.Fprintf(cfg.Out, "\n%s  (%s)\n", step.Tool, why)
+		if existed[key] {
+			fmt.Fprintf(cfg.Out, "  (operation %s already exists: resuming it)\n", key)
+		}
+		tl.first = i == 0
+		op, err := tl.follow(ctx, cfg.Store, key, cfg.StepTimeout)
+		ops = append(ops, op)
+		if err != nil {
+			return ops, rec, err
+		}
+		if op.Status != events.StatusCompleted {
+			break
+		}
+	}
+	// Let the driver journal the transition the last operation allows.
+	for {
+		if rec, err = cfg.Workflows.Get(ctx, o.id); err != nil {
+			return ops, rec, fmt.Errorf("demo: reading workflow %s: %w", o.id, err)
+		}
+		wfSeq = tl.printWorkflow(rec.Events, wfSeq)
+		last := ops[len(ops)-1]
+		if !rec.Status.Active() || (rec.Awaiting == last.Key && last.Status == events.StatusEscalated) {
+			return ops, rec, nil
+		}
+		if time.Now().After(deadline) {
+			return ops, rec, fmt.Errorf("demo: workflow %s did not move on from %s within %s (status %s)", o.id, last.Key, cfg.StepTimeout, rec.Status)
+		}
+		select {
+		case <-ctx.Done():
+			return ops, rec, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // timeline prints an operation's events as they are journaled.
 type timeline struct {
 	out   io.Writer
 	start time.Time
+	// first: the operation followed is a workflow's first step, whose
+	// intent commits with the order row.
+	first bool
+}
+
+// printWorkflow prints the workflow events after seq and returns the last
+// seq printed.
+func (tl *timeline) printWorkflow(evs []events.WorkflowEnvelope, seq int64) int64 {
+	for _, e := range evs {
+		if e.Seq <= seq {
+			continue
+		}
+		seq = e.Seq
+		what, why := describeWorkflow(e)
+		if what != "" {
+			fmt.Fprintf(tl.out, "  %+8.3fs  %-24s %s\n", time.Since(tl.start).Seconds(), what, why)
+		}
+	}
+	return seq
+}
+
+// describeWorkflow says what a workflow event means, in words.
+func describeWorkflow(e events.WorkflowEnvelope) (what, why string) {
+	switch events.WorkflowType(e.Type) {
+	case events.WorkflowStarted:
+		return "workflow started", "workflow " + e.WorkflowID + ": its first step's intent committed with it"
+	case events.WorkflowStepCompleted:
+		var d events.WorkflowStepCompletedData
+		_ = json.Unmarshal(e.Data, &d)
+		if d.Next != "" {
+			return "step " + d.Step + " completed", "next: " + d.Next + ", its intent recorded in the same transaction"
+		}
+		return "step " + d.Step + " completed", "the last step"
+	case events.WorkflowCompletedEvent:
+		return "workflow completed", ""
+	case events.WorkflowUnwindingEvent:
+		return "workflow unwinding", "a step before the pivot failed: undoing the completed steps, last first"
+	case events.WorkflowStepUndone:
+		return "step undone", ""
+	case events.WorkflowUnwoundEvent:
+		return "workflow unwound", ""
+	case events.WorkflowEscalatedEvent:
+		return "workflow ESCALATED", "after the pivot nothing is undone without a decision"
+	case events.WorkflowDecisionRecorded:
+		return "workflow decision", ""
+	}
+	return "", ""
 }
 
 // follow prints new events of key until the operation settles: terminal,
@@ -162,19 +328,22 @@ func (tl *timeline) follow(ctx context.Context, st *store.Store, key string, tim
 }
 
 func (tl *timeline) print(e events.Envelope) {
-	what, why := describe(e)
+	what, why := describe(e, tl.first)
 	fmt.Fprintf(tl.out, "  %+8.3fs  %-24s %s\n", time.Since(tl.start).Seconds(), what, why)
 }
 
 // describe says what an event means and which rule applied, in words.
-func describe(e events.Envelope) (what, why string) {
+func describe(e events.Envelope, first bool) (what, why string) {
 	d, err := e.DecodeData()
 	if err != nil {
 		return string(e.Type), err.Error()
 	}
 	switch d := d.(type) {
 	case *events.IntentData:
-		return "intent recorded", "key " + e.OperationKey + ", committed with the order row in one transaction"
+		if !first {
+			return "intent recorded", "key " + e.OperationKey + ", recorded by the workflow with the previous step's completion"
+		}
+		return "intent recorded", "key " + e.OperationKey + ", committed with the order row and the workflow's start"
 	case *events.AttemptStartedData:
 		why := "Idempotency-Key: " + d.DownstreamKey
 		if d.BackoffWaitedMS > 0 {
@@ -241,6 +410,9 @@ func orDash(s string) string {
 
 func printSummary(out io.Writer, s Summary, took time.Duration) {
 	fmt.Fprintf(out, "\nSummary: order %s, %d of %d steps completed in %.1fs\n", s.OrderID, s.Completed, len(Steps), took.Seconds())
+	if s.Waiting != "" {
+		fmt.Fprintf(out, "  waiting for an approver: %s\n", s.Waiting)
+	}
 	fmt.Fprintf(out, "  %-10s %9s %8s %7s %11s\n", "service", "requests", "effects", "undone", "duplicates")
 	for _, t := range s.Tallies {
 		fmt.Fprintf(out, "  %-10s %9d %8d %7d %11d\n", t.Service, t.Requests, t.Effects, t.Released, t.Duplicates)

@@ -27,7 +27,10 @@ type Downstream struct {
 	effects  map[string]map[string]*effect // service -> idempotency key -> effect
 	requests map[string]int                // service -> requests to its invoke endpoint
 	faults   map[string][]string           // service -> remaining faults for invoke
-	nextID   int
+	// cannotTell holds idempotency keys whose first invoke loses its
+	// response and whose lookup never answers: the ledger is down for them.
+	cannotTell map[string]bool
+	nextID     int
 }
 
 type effect struct {
@@ -55,9 +58,10 @@ func StartDownstream() (*Downstream, error) {
 		return nil, err
 	}
 	d := &Downstream{
-		URL:      "http://" + ln.Addr().String(),
-		effects:  map[string]map[string]*effect{},
-		requests: map[string]int{},
+		URL:        "http://" + ln.Addr().String(),
+		effects:    map[string]map[string]*effect{},
+		requests:   map[string]int{},
+		cannotTell: map[string]bool{},
 		faults: map[string][]string{
 			"inventory": {faultLoseResponse},
 			"payments":  {faultLoseResponse},
@@ -72,10 +76,21 @@ func StartDownstream() (*Downstream, error) {
 	return d, nil
 }
 
+// CannotTell makes the effect under the Idempotency-Key key one nobody can
+// confirm: the first invoke applies it and loses the response, and every
+// lookup answers 503, so reconciliation cannot tell whether it happened
+// and a human has to decide.
+func (d *Downstream) CannotTell(key string) {
+	d.mu.Lock()
+	d.cannotTell[key] = true
+	d.mu.Unlock()
+}
+
 // Close stops the server.
 func (d *Downstream) Close() error { return d.srv.Close() }
 
-// ToolsYAML is the tools file for the demo's services.
+// ToolsYAML is the tools file for the demo's services, with the order
+// workflow that runs through them.
 func (d *Downstream) ToolsYAML() string {
 	return strings.ReplaceAll(`tools:
   - name: inventory.reserve
@@ -113,6 +128,26 @@ func (d *Downstream) ToolsYAML() string {
       properties:
         to: {type: string}
         template: {type: string}
+workflows:
+  - name: order
+    input_schema:
+      type: object
+      required: [order_id, sku, quantity, amount]
+      properties:
+        order_id: {type: string}
+        sku: {type: string}
+        quantity: {type: integer, minimum: 1}
+        amount: {type: integer, minimum: 1}
+    steps:
+      - name: reserve
+        tool: inventory.reserve
+        args: {sku: "{{.Input.sku}}", quantity: "{{.Input.quantity}}"}
+      - name: charge
+        tool: payments.charge
+        args: {amount: "{{.Input.amount}}", currency: EUR, card_number: "4242424242424242"}
+      - name: confirm
+        tool: email.send
+        args: {to: customer@example.com, template: order_confirmed}
 `, "URL", d.URL)
 }
 
@@ -145,7 +180,9 @@ func (d *Downstream) invoke(w http.ResponseWriter, r *http.Request, service stri
 	d.mu.Lock()
 	d.requests[service]++
 	fault := ""
-	if fs := d.faults[service]; len(fs) > 0 {
+	if _, seen := d.effects[service][key]; d.cannotTell[key] && !seen {
+		fault = faultLoseResponse
+	} else if fs := d.faults[service]; len(fs) > 0 {
 		fault, d.faults[service] = fs[0], fs[1:]
 	}
 	if fault == faultTooMany {
@@ -178,6 +215,11 @@ func (d *Downstream) invoke(w http.ResponseWriter, r *http.Request, service stri
 
 func (d *Downstream) lookup(w http.ResponseWriter, service, key string) {
 	d.mu.Lock()
+	if d.cannotTell[key] {
+		d.mu.Unlock()
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "ledger_unavailable"})
+		return
+	}
 	e, ok := d.effects[service][key]
 	var out []byte
 	if ok && !e.Released {
