@@ -27,7 +27,7 @@ const (
 )
 
 // DevPrincipal is who every request is in open mode (Config.Open) when it
-// carries no known token. It holds the approver role (DESIGN §7).
+// carries no known token. It holds the approver role (contract §7).
 const DevPrincipal = "dev"
 
 // Config configures a Server. The zero value plus Tokens (or Open) is a
@@ -55,7 +55,7 @@ type Config struct {
 	// Default 1 MiB.
 	MaxBodyBytes int64
 	// TopicPrefix replaces "effectline." in the topics intents are
-	// published to (DESIGN §4). Default "effectline.".
+	// published to (contract §4). Default "effectline.".
 	TopicPrefix string
 
 	// ReadHeaderTimeout, ReadTimeout, WriteTimeout and IdleTimeout are the

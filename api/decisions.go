@@ -15,7 +15,7 @@ import (
 )
 
 // Decider records an approver's decision on an operation waiting for one
-// (DESIGN §4, the approval gate); *reconciler.Decider is one. The API
+// (contract §4, the approval gate); *reconciler.Decider is one. The API
 // declares what it needs rather than importing the reconciler, so it
 // depends on no component.
 //

@@ -1,4 +1,4 @@
-// Package api is effectline's HTTP API (DESIGN §7): intake of intents for
+// Package api is effectline's HTTP API (contract §7): intake of intents for
 // services that cannot use the Go outbox, the operation record and its
 // history, a page of operations from the read model, and the health, readiness,
 // metrics and OpenAPI endpoints.

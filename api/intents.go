@@ -136,7 +136,7 @@ func (s *Server) postIntent(w http.ResponseWriter, r *http.Request) {
 		Events: []events.Envelope{ev},
 		// The span of this request is a child of the caller's traceparent
 		// (if any), so storing it makes the executor's attempts continue the
-		// caller's trace (DESIGN §8).
+		// caller's trace (contract §8).
 		Traceparent: traceparent.FromContext(ctx),
 		TopicPrefix: s.cfg.TopicPrefix,
 	})

@@ -21,7 +21,7 @@ func TestPostIntentRecordsTheIntent(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()
 
-	// The caller's trace: the intent must continue it (DESIGN §8).
+	// The caller's trace: the intent must continue it (contract §8).
 	const callerTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
 	const callerSpan = "00f067aa0ba902b7"
 	r := f.post(t, billingToken, "order-7/charge", "payments.charge", chargeArgs,

@@ -112,7 +112,7 @@ const (
 	opsToken     = "tok-ops-0b2e-5d71"
 )
 
-// toolsFile is a tools file (DESIGN §6) for the tests. card_number is secret
+// toolsFile is a tools file (contract §6) for the tests. card_number is secret
 // by its name, cvv by its schema (writeOnly).
 const toolsFile = `
 tools:

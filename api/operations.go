@@ -74,6 +74,28 @@ func renderEvent(e events.Envelope, t tool.Tool, args json.RawMessage) (json.Raw
 	return json.Marshal(red)
 }
 
+// writeNoOperation answers 404 for an operation that is not there, or
+// that the caller may not see: the two look the same.
+func writeNoOperation(w http.ResponseWriter) {
+	writeError(w, http.StatusNotFound, codeNotFound, "no operation with this key")
+}
+
+// answerUnreadable answers the outcome of loading key when it is no
+// record the caller may read: 404 for a missing operation or another
+// principal's, the server's failure for any other error. It reports
+// whether op is readable, when it answered nothing.
+func (s *Server) answerUnreadable(ctx context.Context, w http.ResponseWriter, key string, op events.Operation, err error) bool {
+	if errors.Is(err, store.ErrNotFound) || err == nil && !s.mayRead(readerOf(ctx), op) {
+		writeNoOperation(w)
+		return false
+	}
+	if err != nil {
+		s.fail(ctx, w, "loading the operation", key, err)
+		return false
+	}
+	return true
+}
+
 // getOperation answers the head record and the history of one operation.
 // The head is the write side's, not the read model's, so a client that just
 // posted an intent finds it.
@@ -83,7 +105,7 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
 	trace.SpanFromContext(ctx).SetAttributes(attrOperationKey.String(key))
 	if checkOperationKey(key) != "" {
 		// No stored key is malformed, so this is a miss, not a bad request.
-		writeError(w, http.StatusNotFound, codeNotFound, "no operation with this key")
+		writeNoOperation(w)
 		return
 	}
 	var wt *waiter
@@ -97,18 +119,13 @@ func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
 	op, err := s.store.Load(ctx, key)
 	if tomb, ok := store.AsPruned(err); ok {
 		if !s.mayRead(readerOf(ctx), events.Operation{Principal: tomb.Principal}) {
-			writeError(w, http.StatusNotFound, codeNotFound, "no operation with this key")
+			writeNoOperation(w)
 			return
 		}
 		writeJSON(w, http.StatusOK, renderTombstone(tomb))
 		return
 	}
-	if errors.Is(err, store.ErrNotFound) || err == nil && !s.mayRead(readerOf(ctx), op) {
-		writeError(w, http.StatusNotFound, codeNotFound, "no operation with this key")
-		return
-	}
-	if err != nil {
-		s.fail(ctx, w, "loading the operation", key, err)
+	if !s.answerUnreadable(ctx, w, key, op, err) {
 		return
 	}
 	op = wt.until(ctx, w, op)

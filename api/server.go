@@ -102,7 +102,7 @@ type Server struct {
 	unready atomic.Bool
 }
 
-// New returns a server with the routes of DESIGN §7 registered. It does no
+// New returns a server with the routes of contract §7 registered. It does no
 // I/O: Run listens.
 func New(cfg Config, deps Deps) (*Server, error) {
 	cfg = cfg.WithDefaults()

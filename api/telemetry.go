@@ -34,7 +34,7 @@ var (
 )
 
 // traceContext is the W3C propagator. It is fixed, not the global one: the
-// traceparent an intent is stored with is part of the contract (DESIGN §8),
+// traceparent an intent is stored with is part of the contract (contract §8),
 // whatever propagators the process is configured with.
 var traceContext = propagation.TraceContext{}
 

@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
 	"github.com/effectline/effectline/watch"
 )
@@ -144,7 +142,7 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	key := r.PathValue("key")
 	if checkOperationKey(key) != "" {
-		writeError(w, http.StatusNotFound, codeNotFound, "no operation with this key")
+		writeNoOperation(w)
 		return
 	}
 	var sent int64
@@ -161,15 +159,10 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request) {
 		wt = s.waits.Watch(key)
 		defer wt.Close()
 	}
+	// Another principal's stream is as absent as its record (and a pruned
+	// operation has no events left to stream).
 	op, err := s.store.Load(ctx, key)
-	if errors.Is(err, store.ErrNotFound) || err == nil && !s.mayRead(readerOf(ctx), op) {
-		// Another principal's stream is as absent as its record (and a
-		// pruned operation has no events left to stream).
-		writeError(w, http.StatusNotFound, codeNotFound, "no operation with this key")
-		return
-	}
-	if err != nil {
-		s.fail(ctx, w, "loading the operation", key, err)
+	if !s.answerUnreadable(ctx, w, key, op, err) {
 		return
 	}
 	t, _ := s.tools.Get(op.Tool)

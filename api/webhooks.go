@@ -16,7 +16,7 @@ import (
 )
 
 // WebhookHandler verifies and applies one inbound callback from a tool
-// (DESIGN §7); *reconciler.Webhooks is one. The API declares what it needs
+// (contract §7); *reconciler.Webhooks is one. The API declares what it needs
 // rather than importing the reconciler.
 //
 // Handle must return a nil error only after everything the delivery did is

@@ -85,6 +85,10 @@ func (s *Server) postWorkflow(w http.ResponseWriter, r *http.Request) {
 		writeFieldError(w, http.StatusNotFound, codeNotFound, "workflow", "no workflow with this name is declared")
 		return
 	case errors.Is(err, workflow.ErrPayloadConflict):
+		if existing, gerr := s.workflows.Get(ctx, *req.WorkflowID); gerr == nil && existing.Principal != principal {
+			writeError(w, http.StatusConflict, codeKeyInUse, "this workflow_id is in use by another principal")
+			return
+		}
 		writeError(w, http.StatusConflict, codePayloadConflict, "this workflow_id was started with another workflow or input")
 		return
 	case err != nil:
@@ -93,7 +97,13 @@ func (s *Server) postWorkflow(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !created {
-		writeJSON(w, http.StatusOK, rec)
+		if rec.Principal != principal {
+			// Another principal's run: neither its record nor whether its
+			// input matches is this caller's to learn.
+			writeError(w, http.StatusConflict, codeKeyInUse, "this workflow_id is in use by another principal")
+			return
+		}
+		writeJSON(w, http.StatusOK, s.renderWorkflow(rec))
 		return
 	}
 	w.Header().Set("Location", workflowHref(rec.WorkflowID))
@@ -111,6 +121,9 @@ func (s *Server) getWorkflow(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec, err := s.workflows.Get(r.Context(), r.PathValue("id"))
+	if err == nil && !s.mayReadWorkflow(readerOf(r.Context()), rec) {
+		err = workflow.ErrNotFound // as absent as a run that does not exist
+	}
 	if err == nil && given {
 		rec, err = s.waitWorkflow(r.Context(), w, rec, d)
 	}
@@ -122,9 +135,9 @@ func (s *Server) getWorkflow(w http.ResponseWriter, r *http.Request) {
 		writeUnavailable(w, "the workflow could not be read")
 	case given && !workflowSettled(rec):
 		w.Header().Set("Location", workflowHref(rec.WorkflowID))
-		writeJSON(w, http.StatusAccepted, rec)
+		writeJSON(w, http.StatusAccepted, s.renderWorkflow(rec))
 	default:
-		writeJSON(w, http.StatusOK, rec)
+		writeJSON(w, http.StatusOK, s.renderWorkflow(rec))
 	}
 }
 
@@ -227,7 +240,16 @@ func (s *Server) listWorkflows(w http.ResponseWriter, r *http.Request) {
 		writeUnavailable(w, "the workflows could not be read")
 		return
 	}
-	writeJSON(w, http.StatusOK, workflowPage{Workflows: recs})
+	// A principal that reads only its own gets its own runs. The filter
+	// runs after the limit, so such a page may hold fewer than limit.
+	rd := readerOf(r.Context())
+	page := workflowPage{Workflows: make([]workflow.Record, 0, len(recs))}
+	for _, rec := range recs {
+		if s.mayReadWorkflow(rd, rec) {
+			page.Workflows = append(page.Workflows, s.renderWorkflow(rec))
+		}
+	}
+	writeJSON(w, http.StatusOK, page)
 }
 
 // postWorkflowDecision records an approver's decision on an escalated run.
@@ -265,6 +287,6 @@ func (s *Server) postWorkflowDecision(w http.ResponseWriter, r *http.Request) {
 		s.log.ErrorContext(ctx, "recording a workflow decision failed", slog.Any("error", err))
 		writeUnavailable(w, "the decision could not be recorded")
 	default:
-		writeJSON(w, http.StatusOK, rec)
+		writeJSON(w, http.StatusOK, s.renderWorkflow(rec))
 	}
 }

@@ -53,7 +53,7 @@ func withWorkflows(f *fakeWorkflows) option {
 }
 
 func running(id, awaiting string) workflow.Record {
-	return workflow.Record{WorkflowID: id, Workflow: "order", Status: events.WorkflowRunning, Current: "charge", Awaiting: awaiting, Seq: 2}
+	return workflow.Record{WorkflowID: id, Workflow: "order", Principal: "billing-agent", Status: events.WorkflowRunning, Current: "charge", Awaiting: awaiting, Seq: 2}
 }
 
 // GET /v1/workflows/{id}?wait= answers once the run settles: the wait

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// Envelope is the one JSON shape of every event (contract, DESIGN §4). Data
+// Envelope is the one JSON shape of every event (contract, contract §4). Data
 // holds the type-specific body, whose Go shape is the matching *Data struct
 // below.
 type Envelope struct {

@@ -27,7 +27,7 @@ const ReasonApprovalRequired = "approval_required"
 // claimed the attempt.
 const IntentPickupGrace = 15 * time.Second
 
-// Operation is the record of one intended business effect (DESIGN §3): the
+// Operation is the record of one intended business effect (contract §3): the
 // fold of its events. It is the one shape of the record: the store keeps it
 // as the head of each operation, the projector's read model holds it, and
 // the HTTP API answers it (with args redacted), all under these JSON names.
@@ -98,7 +98,7 @@ func UnmarshalOperation(b []byte) (Operation, error) {
 	return op, nil
 }
 
-// DownstreamKeyFor is the idempotency key sent downstream (DESIGN §5): the
+// DownstreamKeyFor is the idempotency key sent downstream (contract §5): the
 // operation key, changed only after an attempt was compensated, so a receiver
 // that honors keys dedups every blind retry yet runs a retry after an undo.
 func DownstreamKeyFor(operationKey string, compensations int) string {

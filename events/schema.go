@@ -6,7 +6,7 @@ import (
 )
 
 // The JSON Schemas (draft 2020-12) of the envelope and of each event type's
-// data, for producers and consumers in any language (DESIGN §4). Each file's
+// data, for producers and consumers in any language (contract §4). Each file's
 // $id is SchemaBaseURL + its file name; envelope.schema.json applies the
 // per-type data schema by $ref to that $id, so a validator needs every file
 // registered under its $id, not a network fetch.

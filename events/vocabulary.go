@@ -4,7 +4,7 @@
 //
 // Everything else in effectline depends on this package and it depends only on
 // the standard library, so producers and consumers in any component agree on
-// one definition of every word in the contract (DESIGN §1–§4).
+// one definition of every word in the contract (contract §1–§4).
 package events
 
 import "fmt"
@@ -34,7 +34,7 @@ func (c EffectClass) Valid() bool {
 	return false
 }
 
-// Outcome is how one attempt ended (DESIGN §2).
+// Outcome is how one attempt ended (contract §2).
 type Outcome string
 
 const (
@@ -56,7 +56,7 @@ const (
 	Final FailureKind = "final"
 )
 
-// Status is the state of an operation (DESIGN §3).
+// Status is the state of an operation (contract §3).
 type Status string
 
 const (
@@ -97,7 +97,7 @@ func (s Status) AwaitingDecision() bool {
 	return s == StatusEscalated || s == StatusNeedsReconciliation
 }
 
-// Type is an event type name (contract, DESIGN §4).
+// Type is an event type name (contract, contract §4).
 type Type string
 
 const (
@@ -146,7 +146,7 @@ func (t Type) HasAttempt() bool {
 	return false
 }
 
-// Action is a decision an approver records (DESIGN §4, approval gate).
+// Action is a decision an approver records (contract §4, approval gate).
 type Action string
 
 const (

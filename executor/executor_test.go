@@ -200,7 +200,7 @@ var classes = []struct {
 	{"payments.charge", events.Irreversible, `{"amount":100}`},
 }
 
-// TestOutcomeTable runs every cell of DESIGN §2's table for each effect
+// TestOutcomeTable runs every cell of contract §2's table for each effect
 // class against a fake downstream over real HTTP, asserting the exact
 // downstream requests.
 func TestOutcomeTable(t *testing.T) {

@@ -23,15 +23,7 @@ func (e *Executor) runAttempt(ctx context.Context, span trace.Span, op events.Op
 	stop := e.heartbeat(ctx, op)
 	started := e.cfg.Now()
 	e.crashPoint(PointBeforeCall)
-	call := tool.Call{
-		OperationKey:  op.Key,
-		DownstreamKey: op.DownstreamKey,
-		DownstreamID:  op.DownstreamID,
-		UndoRef:       op.UndoRef,
-		Principal:     op.Principal,
-		Attempt:       op.Attempt,
-		Args:          op.Args,
-	}
+	call := tool.CallOf(op)
 	g := e.guard(ctx, op, t, call)
 	var res tool.Result
 	if g.blocked != nil {
@@ -59,7 +51,7 @@ func (e *Executor) runAttempt(ctx context.Context, span trace.Span, op events.Op
 }
 
 // outcomeSpec turns a classified result into the outcome event, deciding the
-// next step per effect class (DESIGN §2).
+// next step per effect class (contract §2).
 func outcomeSpec(op events.Operation, res tool.Result, caps policy.Caps, now time.Time, rnd func() float64) eventSpec {
 	first := now
 	if op.FirstAttemptAt != nil {
@@ -100,15 +92,7 @@ func attemptFailed(op events.Operation, res tool.Result, retryAt *time.Time) eve
 func (e *Executor) runCompensation(ctx context.Context, span trace.Span, op events.Operation, t tool.Tool) {
 	stop := e.heartbeat(ctx, op)
 	started := e.cfg.Now()
-	res := t.(tool.Compensator).Compensate(ctx, tool.Call{
-		OperationKey:  op.Key,
-		DownstreamKey: op.DownstreamKey,
-		DownstreamID:  op.DownstreamID,
-		UndoRef:       op.UndoRef,
-		Principal:     op.Principal,
-		Attempt:       op.Attempt,
-		Args:          op.Args,
-	})
+	res := t.(tool.Compensator).Compensate(ctx, tool.CallOf(op))
 	stop()
 	now := e.cfg.Now()
 	var spec eventSpec

@@ -17,7 +17,7 @@ import (
 
 const instrumentation = "github.com/effectline/effectline/executor"
 
-// Span attribute keys (DESIGN §8).
+// Span attribute keys (contract §8).
 var (
 	attrOperationKey = attribute.Key("effectline.operation_key")
 	attrTool         = attribute.Key("effectline.tool")

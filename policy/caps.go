@@ -1,4 +1,4 @@
-// Package policy is the rule of DESIGN §1–§2 as pure functions: given how an
+// Package policy is the rule of contract §1–§2 as pure functions: given how an
 // attempt ended and the tool's effect class and caps, it says whether and
 // when the operation is tried again, undone, or handed to reconciliation.
 //
@@ -17,7 +17,7 @@ import (
 	"time"
 )
 
-// Defaults for Caps, matching the example of DESIGN §6.
+// Defaults for Caps, matching the example of contract §6.
 const (
 	DefaultMaxAttempts = 4
 	DefaultBaseDelay   = 200 * time.Millisecond

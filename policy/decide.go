@@ -9,7 +9,7 @@ import (
 // AfterFailure decides what follows a confirmed failure (no effect): a final
 // failure stops; a retryable one is retried within the caps. The effect class
 // does not matter here: nothing happened, so even an irreversible effect may
-// go out again (DESIGN §2, row "Failed, retryable").
+// go out again (contract §2, row "Failed, retryable").
 //
 // It returns the due time of the next attempt, or nil when none follows (the
 // operation ends failed). An unrecognised kind is treated as final: stopping
@@ -26,7 +26,7 @@ func AfterFailure(kind events.FailureKind, caps Caps, attempt int, first, now ti
 }
 
 // AfterUnknown decides what follows an attempt whose outcome is unknown
-// (DESIGN §2, rows "Unknown" and "caps exhausted on Unknown"):
+// (contract §2, rows "Unknown" and "caps exhausted on Unknown"):
 //
 //   - idempotent: retry with the same downstream key within the caps
 //     (NextRetry and its due time); once the caps are spent, NextReconcile,
@@ -36,7 +36,7 @@ func AfterFailure(kind events.FailureKind, caps Caps, attempt int, first, now ti
 //     new key (its due time is decided after the undo, by AfterCompensation).
 //     Once the caps are spent no retry follows, so undoing an attempt that
 //     may well have succeeded would only throw the effect away: NextReconcile
-//     instead (DESIGN §2, "caps exhausted on Unknown"), and the reconciler
+//     instead (contract §2, "caps exhausted on Unknown"), and the reconciler
 //     asks whether the last attempt stands.
 //   - irreversible: NextReconcile, always: it is never retried blindly.
 //

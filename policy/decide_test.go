@@ -7,7 +7,7 @@ import (
 	"github.com/effectline/effectline/events"
 )
 
-// The tests below walk every cell of DESIGN §2's table, per effect class:
+// The tests below walk every cell of contract §2's table, per effect class:
 //
 //	outcome                    | idempotent        | compensable                 | irreversible
 //	Failed, final              | stop              | stop                        | stop
@@ -116,7 +116,7 @@ func TestAfterCompensation(t *testing.T) {
 }
 
 // A zero Caps behaves like the defaults, so a tool registered without a
-// retry block still retries within DESIGN §6's example caps.
+// retry block still retries within contract §6's example caps.
 func TestZeroCapsUseDefaults(t *testing.T) {
 	t.Parallel()
 	next, at := AfterUnknown(events.Idempotent, Caps{}, 3, testFirst, testNow, 0, half)

@@ -215,15 +215,7 @@ func (r *Reader) ProjectedAt(ctx context.Context, status events.Status) (map[str
 	if err != nil {
 		return nil, fmt.Errorf("listing projection times: %w", err)
 	}
-	out := map[string]time.Time{}
-	var (
-		key string
-		at  time.Time
-	)
-	_, err = pgx.ForEachRow(rows, []any{&key, &at}, func() error {
-		out[key] = at
-		return nil
-	})
+	out, err := store.KeyTimes(rows)
 	if err != nil {
 		return nil, fmt.Errorf("listing projection times: %w", err)
 	}

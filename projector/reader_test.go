@@ -69,7 +69,7 @@ func TestReaderGet(t *testing.T) {
 		t.Errorf("Get of a missing key: err = %v, want ErrNotFound", err)
 	}
 
-	// The JSON of a record carries the contract's field names (DESIGN §3).
+	// The JSON of a record carries the contract's field names (contract §3).
 	st, err := r.Get(ctx, "op-007")
 	if err != nil {
 		t.Fatal(err)

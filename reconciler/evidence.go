@@ -9,7 +9,7 @@ import (
 )
 
 // requestEvidence is the original request as the approval gate shows it
-// (DESIGN §4): what was asked, by whom, under which key — with the tool's
+// (contract §4): what was asked, by whom, under which key — with the tool's
 // sensitive arguments redacted. Raw args never leave the event store's
 // intent event.
 func requestEvidence(op events.Operation, spec *tool.Spec) json.RawMessage {

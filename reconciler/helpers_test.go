@@ -43,7 +43,7 @@ const (
 	email   = "email.send"        // irreversible, no reconcile request
 )
 
-// toolsYAML is a tools file (DESIGN §6) pointed at a fake tool. The charge's
+// toolsYAML is a tools file (contract §6) pointed at a fake tool. The charge's
 // schema marks "pin" sensitive; "card_number" is sensitive by name.
 const toolsYAML = `
 tools:

@@ -208,7 +208,7 @@ func retryNeedsNewKey(op events.Operation, ev eventSpec, now time.Time) bool {
 // proposeUnknown is the proposed action when nobody could say whether the
 // attempt happened. The rule never proposes abandon: marking failed an effect
 // that may have happened is exactly the collapse of Unknown into Failed that
-// DESIGN §2 forbids, so only a human who checked may choose it.
+// contract §2 forbids, so only a human who checked may choose it.
 //
 //   - idempotent: retry. The retry carries the same downstream key, which the
 //     receiver deduplicates, so it is safe whether or not the first landed.

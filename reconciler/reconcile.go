@@ -84,15 +84,9 @@ func (r *Reconciler) reconcileJob(ctx context.Context, key, tp string, asks int)
 			return asks, r.cfg.AskBackoff.Base
 		}
 		askCtx, cancel := context.WithTimeout(spanCtx, r.cfg.AskTimeout)
-		ans = rec.Reconcile(askCtx, tool.Call{
-			OperationKey:  op.Key,
-			DownstreamKey: firstNonEmpty(op.DownstreamKey, events.DownstreamKeyFor(op.Key, op.Compensations)),
-			DownstreamID:  op.DownstreamID,
-			UndoRef:       op.UndoRef,
-			Principal:     op.Principal,
-			Attempt:       op.Attempt,
-			Args:          op.Args,
-		})
+		call := tool.CallOf(op)
+		call.DownstreamKey = firstNonEmpty(op.DownstreamKey, events.DownstreamKeyFor(op.Key, op.Compensations))
+		ans = rec.Reconcile(askCtx, call)
 		cancel()
 		release()
 		if ctx.Err() != nil {

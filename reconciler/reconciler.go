@@ -1,4 +1,4 @@
-// Package reconciler settles operations whose outcome is unknown (DESIGN §1,
+// Package reconciler settles operations whose outcome is unknown (contract §1,
 // §4): it asks the downstream system "did this operation already happen?",
 // records success when it did, schedules a retry where the effect class
 // allows one when it provably did not, and otherwise escalates to the

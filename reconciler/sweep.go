@@ -17,7 +17,7 @@ import (
 	"github.com/effectline/effectline/store"
 )
 
-// Leader election (STYLE 13): one sweeper at a time across replicas.
+// Leader election: one sweeper at a time across replicas.
 //
 // The choice is a session-level Postgres advisory lock, pg_try_advisory_lock,
 // taken on a connection this replica keeps out of the pool (hijacked) for as

@@ -18,7 +18,7 @@ const instrumentation = "github.com/effectline/effectline/reconciler"
 
 const decisionsHelp = "Approver decisions recorded, by tool and action."
 
-// Span attribute keys (DESIGN §8).
+// Span attribute keys (contract §8).
 var (
 	attrOperationKey = attribute.Key("effectline.operation_key")
 	attrTool         = attribute.Key("effectline.tool")

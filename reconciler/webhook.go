@@ -60,7 +60,7 @@ type WebhookConfig struct {
 	MeterProvider  metric.MeterProvider
 }
 
-// Webhooks applies inbound callbacks from tools (DESIGN §7). It is safe for
+// Webhooks applies inbound callbacks from tools (contract §7). It is safe for
 // concurrent use.
 type Webhooks struct {
 	cfg   WebhookConfig
@@ -94,7 +94,7 @@ func NewWebhooks(st *store.Store, tools Tools, cfg WebhookConfig) (*Webhooks, er
 	return &Webhooks{cfg: cfg, store: st, tools: tools, log: cfg.Logger.With("component", "webhooks"), tel: tel}, nil
 }
 
-// callback is the body a tool posts (DESIGN §7). Fields beyond these are
+// callback is the body a tool posts (contract §7). Fields beyond these are
 // allowed: a tool may send more than effectline reads.
 type callback struct {
 	Type           string          `json:"type"`

@@ -155,17 +155,27 @@ func (s *Store) CompletedAt(ctx context.Context) (map[string]time.Time, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing completed operations: %w", interpretError(err))
 	}
+	out, err := KeyTimes(rows)
+	if err != nil {
+		return nil, fmt.Errorf("listing completed operations: %w", interpretError(err))
+	}
+	return out, nil
+}
+
+// KeyTimes collects rows of (operation key, time) into a map, and closes
+// rows: the load generator's reads of when each operation got somewhere.
+func KeyTimes(rows pgx.Rows) (map[string]time.Time, error) {
 	out := map[string]time.Time{}
 	var (
 		key string
 		at  time.Time
 	)
-	_, err = pgx.ForEachRow(rows, []any{&key, &at}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&key, &at}, func() error {
 		out[key] = at
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("listing completed operations: %w", interpretError(err))
+		return nil, err
 	}
 	return out, nil
 }

@@ -177,8 +177,7 @@ func IsUnknown(err error) bool {
 	return errors.As(err, &ue)
 }
 
-// FromError is the one mapping from what a Go tool returned to an outcome
-// (STYLE 4):
+// FromError is the one mapping from what a Go tool returned to an outcome:
 //
 //   - nil → Succeeded;
 //   - Permanent → Failed, final;

@@ -20,7 +20,7 @@ var sensitiveName = regexp.MustCompile(`(?i)password|secret|token|card_number|cv
 
 // Redact returns args with the values of sensitive fields replaced by
 // "[redacted]", for the approval gate's evidence and for anything else a
-// human reads (DESIGN §4, §8). A field is sensitive when its schema says
+// human reads (contract §4, §8). A field is sensitive when its schema says
 // "writeOnly": true or "x-sensitive": true, or when its name looks like a
 // secret (password, secret, token, card_number, cvc, cvv, api_key), at any depth.
 // Args that are not JSON are replaced whole: what cannot be parsed cannot be
@@ -33,16 +33,10 @@ func (s *Spec) Redact(args json.RawMessage) json.RawMessage {
 	if err != nil {
 		return json.RawMessage(`"` + Redacted + `"`)
 	}
-	doc := s.schemaDoc
-	if doc == nil && len(s.ArgsSchema) > 0 {
-		sd := json.NewDecoder(bytes.NewReader(s.ArgsSchema))
-		sd.UseNumber()
-		_ = sd.Decode(&doc) // a broken schema only loses the schema's marks
-	}
-	return unlessUnchanged(args, redactValue(v, doc))
+	return unlessUnchanged(args, redactValue(v, s.argsDoc()))
 }
 
-// decodeJSON decodes b with numbers kept as written.
+// decodeJSON decodes one JSON value, numbers kept as written.
 func decodeJSON(b []byte) (any, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
@@ -51,32 +45,40 @@ func decodeJSON(b []byte) (any, error) {
 	return v, err
 }
 
+// argsDoc is the args schema as a decoded document: the one decoded when
+// the spec was compiled, else ArgsSchema decoded now (a broken schema
+// only loses the schema's marks).
+func (s *Spec) argsDoc() any {
+	if s.schemaDoc != nil || len(s.ArgsSchema) == 0 {
+		return s.schemaDoc
+	}
+	doc, _ := decodeJSON(s.ArgsSchema)
+	return doc
+}
+
 // unlessUnchanged returns orig when red, the redacted decoding of orig,
 // holds nothing redaction changed, and red encoded otherwise. A stored
 // result that had nothing to hide keeps its bytes (its member order, its
 // spelling of numbers), so the redaction of every read path does not alter
 // what a client may compare or verify.
 func unlessUnchanged(orig []byte, red any) json.RawMessage {
-	out, err := encodeJSON(red)
-	if err != nil {
-		return json.RawMessage(`"` + Redacted + `"`)
-	}
-	if pristine, err := decodeJSON(orig); err == nil {
-		if same, err := encodeJSON(pristine); err == nil && bytes.Equal(same, out) {
-			return json.RawMessage(orig)
-		}
+	out := encodeRedacted(red)
+	if pristine, err := decodeJSON(orig); err == nil && bytes.Equal(encodeRedacted(pristine), out) {
+		return json.RawMessage(orig)
 	}
 	return out
 }
 
-func encodeJSON(v any) (json.RawMessage, error) {
+// encodeRedacted encodes a redacted value without HTML escaping (the
+// value is shown as it was), or "[redacted]" whole if it cannot be.
+func encodeRedacted(v any) json.RawMessage {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(v); err != nil {
-		return nil, err
+		return json.RawMessage(`"` + Redacted + `"`)
 	}
-	return json.RawMessage(bytes.TrimRight(buf.Bytes(), "\n")), nil
+	return json.RawMessage(bytes.TrimRight(buf.Bytes(), "\n"))
 }
 
 func redactValue(v any, schema any) any {
@@ -179,18 +181,11 @@ func (s *Spec) sensitiveValues(args json.RawMessage) []string {
 	if len(bytes.TrimSpace(args)) == 0 {
 		return nil
 	}
-	dec := json.NewDecoder(bytes.NewReader(args))
-	dec.UseNumber()
-	var v any
-	if dec.Decode(&v) != nil {
+	v, err := decodeJSON(args)
+	if err != nil {
 		return nil
 	}
-	doc := s.schemaDoc
-	if doc == nil && len(s.ArgsSchema) > 0 {
-		sd := json.NewDecoder(bytes.NewReader(s.ArgsSchema))
-		sd.UseNumber()
-		_ = sd.Decode(&doc)
-	}
+	doc := s.argsDoc()
 	seen := map[string]bool{}
 	var out []string
 	var collect func(v, schema any, sensitive bool)

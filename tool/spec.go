@@ -18,7 +18,7 @@ import (
 	"github.com/effectline/effectline/policy"
 )
 
-// DefaultIdempotencyHeader carries the downstream key (DESIGN §5).
+// DefaultIdempotencyHeader carries the downstream key (contract §5).
 const DefaultIdempotencyHeader = "Idempotency-Key"
 
 // Spec is what the executor needs to know about a tool, whichever way it is

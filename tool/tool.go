@@ -49,6 +49,20 @@ type Call struct {
 	Args json.RawMessage
 }
 
+// CallOf is the call for op as its record stands: its keys and ids, who
+// asked, the attempt and the args.
+func CallOf(op events.Operation) Call {
+	return Call{
+		OperationKey:  op.Key,
+		DownstreamKey: op.DownstreamKey,
+		DownstreamID:  op.DownstreamID,
+		UndoRef:       op.UndoRef,
+		Principal:     op.Principal,
+		Attempt:       op.Attempt,
+		Args:          op.Args,
+	}
+}
+
 // Result is how a call ended.
 type Result struct {
 	Outcome events.Outcome

@@ -43,7 +43,7 @@ var (
 
 // The templates and the stylesheet are compiled into the binary, so a
 // failure here is a build mistake, found by any test: panicking at start
-// is the wiring-mistake case STYLE allows.
+// is a wiring mistake at start, the one case where a panic is right.
 func parseUIPage(name string) *template.Template {
 	return template.Must(template.New(name).ParseFS(uiFiles, "templates/layout.html", "templates/"+name))
 }

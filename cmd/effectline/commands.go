@@ -9,6 +9,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/effectline/effectline/api"
 	"github.com/effectline/effectline/cmd/effectline/app"
 	"github.com/effectline/effectline/cmd/effectline/loadgen"
@@ -87,16 +89,22 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	return err
 }
 
-func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlags("migrate", stdout, stderr)
+// openDatabase parses the flags of a command that works on the database
+// alone and connects to the database the environment names. The caller
+// closes the pool.
+func openDatabase(ctx context.Context, fs *cmdFlags, args []string, getenv func(string) string) (*pgxpool.Pool, error) {
 	if err := fs.parse(args); err != nil {
-		return err
+		return nil, err
 	}
 	cfg, err := app.FromEnv(getenv)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	pool, err := app.ConnectDatabase(ctx, cfg.DatabaseURL)
+	return app.ConnectDatabase(ctx, cfg.DatabaseURL)
+}
+
+func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	pool, err := openDatabase(ctx, newFlags("migrate", stdout, stderr), args, getenv)
 	if err != nil {
 		return err
 	}
@@ -122,15 +130,7 @@ func runProjectorCmd(ctx context.Context, args []string, getenv func(string) str
 		fmt.Fprintln(stderr, "usage: effectline projector rebuild")
 		return errUsage
 	}
-	fs := newFlags("projector rebuild", stdout, stderr)
-	if err := fs.parse(args[1:]); err != nil {
-		return err
-	}
-	cfg, err := app.FromEnv(getenv)
-	if err != nil {
-		return err
-	}
-	pool, err := app.ConnectDatabase(ctx, cfg.DatabaseURL)
+	pool, err := openDatabase(ctx, newFlags("projector rebuild", stdout, stderr), args[1:], getenv)
 	if err != nil {
 		return err
 	}

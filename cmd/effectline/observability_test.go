@@ -30,7 +30,7 @@ import (
 	"github.com/effectline/effectline/internal/testenv"
 )
 
-// The observability contract (DESIGN §8), checked on the real binary: one
+// The observability contract (contract §8), checked on the real binary: one
 // trace per operation continued from the agent's traceparent, the metrics an
 // SRE alerts on, and logs (and everything else a human reads) free of
 // credentials and sensitive arguments.
@@ -220,7 +220,7 @@ func obsLostResponse(t *testing.T, w *world, endpoint, key string) trace.SpanCon
 }
 
 // TestTraceOfAnOperation follows one operation through every component and
-// checks the trace an SRE would open in Jaeger (DESIGN §8): one trace,
+// checks the trace an SRE would open in Jaeger (contract §8): one trace,
 // rooted at the agent's span, with the API request, the relay publishes, the
 // single attempt with its outcome unknown, the reconciliation that found the
 // effect, and the publish of the resolution.
@@ -504,7 +504,7 @@ func obsToolsFile(t *testing.T, w *world, yaml string) string {
 
 // TestMetricsAfterAScriptedRun drives three operations through the binary
 // (a success, a 503 then a success, a lost response that is reconciled) and
-// checks what /metrics says about them (DESIGN §8): attempts by tool, class
+// checks what /metrics says about them (contract §8): attempts by tool, class
 // and outcome, unknowns, reconciliations, end-to-end latency, outbox and
 // consumer lag, and the API's request counters.
 func TestMetricsAfterAScriptedRun(t *testing.T) {
@@ -717,7 +717,7 @@ const obsSecretTools = `tools:
 // success, failure, reconciliation and escalation, at log level debug, with
 // the API behind a token, and checks that no credential appears in the
 // process's output, in the spans it exports, in any history the API serves
-// or on the approval UI's pages (DESIGN §8, STYLE §14).
+// or on the approval UI's pages (contract §8).
 func TestLogsNeverContainSecrets(t *testing.T) {
 	t.Parallel()
 	const (

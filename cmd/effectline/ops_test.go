@@ -4,17 +4,19 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/IBM/sarama"
+	"unicode/utf8"
 
 	"github.com/effectline/effectline/cmd/effectline/ops"
 	"github.com/effectline/effectline/internal/testenv"
@@ -28,13 +30,19 @@ import (
 func TestOps(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
+	// The world's tools, and a one-step workflow over them for `ops workflows`.
+	tools := filepath.Join(t.TempDir(), "tools.yaml")
+	if err := os.WriteFile(tools, []byte(strings.ReplaceAll(e2eTools+opsWorkflow, "URL", w.fake.URL)), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	start(t, "effectline run", w.with(map[string]string{
 		envHTTPAddr:  addr,
+		envTools:     tools,
 		envAPITokens: "agent=tok-agent-7f3e91c2,alice=tok-alice-5b8d04aa",
 		envApprovers: "alice",
 		envLogLevel:  "warn",
-	}), "run", "--components", "relay,executor,projector,reconciler,api")
+	}), "run", "--components", "relay,executor,projector,reconciler,workflow,api")
 	base := "http://" + addr
 	ctx := untilCtx(t, 4*time.Minute)
 	waitFor(t, ctx, "the API to be ready", func() bool {
@@ -225,70 +233,139 @@ func TestOps(t *testing.T) {
 	})
 
 	t.Run("workflows", func(t *testing.T) {
-		for _, args := range [][]string{{"workflows"}, {"workflows", "wf-1"}, {"workflows", "--json"}} {
-			_, stderr := agent.fail(t, args...)
-			if !strings.Contains(stderr, "no workflow API") {
-				t.Errorf("ops %s: stderr %q, want it to say the server has no workflow API", strings.Join(args, " "), stderr)
+		const id = "ops-wf-1"
+		body := `{"workflow_id":"` + id + `","workflow":"ops.warm","input":{"k":"v"}}`
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/workflows", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer tok-agent-7f3e91c2")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("POST /v1/workflows: %s", resp.Status)
+		}
+		var wf struct {
+			WorkflowID string `json:"workflow_id"`
+			Workflow   string `json:"workflow"`
+			Status     string `json:"status"`
+			Steps      []struct {
+				Name         string `json:"name"`
+				Status       string `json:"status"`
+				OperationKey string `json:"operation_key"`
+			} `json:"steps"`
+		}
+		waitFor(t, ctx, "ops workflows "+id+" --json to show the run completed", func() bool {
+			out := agent.ok(t, "workflows", id, "--json")
+			if err := json.Unmarshal([]byte(out), &wf); err != nil {
+				t.Fatalf("ops workflows ID --json is not JSON: %v\n%s", err, out)
 			}
+			return wf.Status == "completed"
+		})
+		if wf.WorkflowID != id || wf.Workflow != "ops.warm" || len(wf.Steps) != 1 || wf.Steps[0].Status != "completed" || wf.Steps[0].OperationKey == "" {
+			t.Errorf("ops workflows %s --json: %+v", id, wf)
+		}
+		table := agent.ok(t, "workflows", id)
+		for _, want := range []string{"workflow_id", id, "ops.warm", "STEP", "warm", wf.Steps[0].OperationKey} {
+			if !strings.Contains(table, want) {
+				t.Errorf("ops workflows %s table lacks %q:\n%s", id, want, table)
+			}
+		}
+		var page struct {
+			Workflows []struct {
+				WorkflowID string `json:"workflow_id"`
+				Status     string `json:"status"`
+			} `json:"workflows"`
+		}
+		out := agent.ok(t, "workflows", "--status", "completed", "--json")
+		if err := json.Unmarshal([]byte(out), &page); err != nil || len(page.Workflows) != 1 || page.Workflows[0].WorkflowID != id {
+			t.Errorf("ops workflows --status completed --json: %+v (%v)\n%s", page, err, out)
+		}
+		table = agent.ok(t, "workflows")
+		if !strings.HasPrefix(table, "ID ") || !strings.Contains(table, id) || !strings.Contains(table, "completed") {
+			t.Errorf("ops workflows table:\n%s", table)
+		}
+		// An unknown id is the server's 404, not a missing workflow API.
+		_, stderr := agent.fail(t, "workflows", "ops-wf-nope")
+		if !strings.Contains(stderr, "404") || strings.Contains(stderr, "no workflow API") {
+			t.Errorf("ops workflows of an unknown id: stderr %q, want the API's 404", stderr)
+		}
+		_, stderr = agent.fail(t, "workflows", "--status", "exploded")
+		if !strings.Contains(stderr, "400") || !strings.Contains(stderr, "status") {
+			t.Errorf("ops workflows --status exploded: stderr %q, want the API's 400 on status", stderr)
 		}
 	})
 
 	t.Run("dlq", func(t *testing.T) {
+		// Real dead letters: messages on the intents topic that the
+		// executor can never turn into an operation, copied by it to the
+		// dead-letter topic with the reason and where they were.
 		topic := "effectline.intents.dlq"
-		opsCreateTopic(t, w.broker.Addrs, topic)
-		bad := []struct{ key, value, reason, offset string }{
-			{"ops/poison-1", `{"not":"an envelope"`, "malformed JSON", "7"},
-			{"ops/poison-2", "\x00\xffbinary", "not JSON", "8"},
+		bad := []struct{ key, value, reason string }{
+			{"ops/poison-1", `{"event_id":"x","type":"intent.recorded"}`, "invalid_envelope"},
+			{"ops/poison-2", "\x00\xffbinary", "not_json"},
 		}
 		for _, b := range bad {
-			w.broker.Produce(t, topic, []byte(b.key), []byte(b.value), map[string]string{
-				"effectline_error": b.reason, "effectline_topic": "effectline.intents",
-				"effectline_partition": "2", "effectline_offset": b.offset,
-			})
+			w.broker.Produce(t, "effectline.intents", []byte(b.key), []byte(b.value), nil)
+		}
+		type deadLetter struct {
+			Key             string `json:"key"`
+			Value           string `json:"value"`
+			ValueBase64     string `json:"value_base64"`
+			Reason          string `json:"reason"`
+			Detail          string `json:"detail"`
+			SourceTopic     string `json:"source_topic"`
+			SourcePartition string `json:"source_partition"`
+			SourceOffset    string `json:"source_offset"`
 		}
 		var got struct {
-			Topic string `json:"topic"`
-			Items []struct {
-				Key             string `json:"key"`
-				Value           string `json:"value"`
-				ValueBase64     string `json:"value_base64"`
-				Reason          string `json:"reason"`
-				SourceTopic     string `json:"source_topic"`
-				SourcePartition string `json:"source_partition"`
-				SourceOffset    string `json:"source_offset"`
-			} `json:"items"`
+			Topic string       `json:"topic"`
+			Items []deadLetter `json:"items"`
 		}
-		out := agent.ok(t, "dlq", "--json")
-		if err := json.Unmarshal([]byte(out), &got); err != nil {
-			t.Fatalf("ops dlq --json is not JSON: %v\n%s", err, out)
+		var out string
+		found := map[string]deadLetter{}
+		waitFor(t, ctx, "ops dlq --json to show the executor's dead letters", func() bool {
+			out = agent.ok(t, "dlq", "--json")
+			if err := json.Unmarshal([]byte(out), &got); err != nil {
+				t.Fatalf("ops dlq --json is not JSON: %v\n%s", err, out)
+			}
+			for _, it := range got.Items {
+				found[it.Key] = it
+			}
+			return len(found) >= len(bad)
+		})
+		if got.Topic != topic {
+			t.Errorf("ops dlq --json: topic %q, want %s", got.Topic, topic)
 		}
-		found := 0
-		for _, it := range got.Items {
-			for _, b := range bad {
-				if it.Key != b.key {
-					continue
+		for _, b := range bad {
+			it, ok := found[b.key]
+			if !ok {
+				t.Errorf("dead letter %s missing:\n%s", b.key, out)
+				continue
+			}
+			value := it.Value
+			if it.ValueBase64 != "" {
+				v, err := base64.StdEncoding.DecodeString(it.ValueBase64)
+				if err != nil {
+					t.Errorf("dead letter %s: value_base64 %q: %v", b.key, it.ValueBase64, err)
 				}
-				found++
-				value := it.Value
-				if it.ValueBase64 != "" {
-					value = "(base64)"
-					if b.key == "ops/poison-1" {
-						t.Errorf("a UTF-8 value came as base64")
-					}
-				}
-				if b.key == "ops/poison-1" && value != b.value {
-					t.Errorf("dead letter %s: value %q, want %q", b.key, value, b.value)
-				}
-				if it.Reason != b.reason || it.SourceTopic != "effectline.intents" || it.SourcePartition != "2" || it.SourceOffset != b.offset {
-					t.Errorf("dead letter %s: %+v", b.key, it)
+				value = string(v)
+				if utf8.ValidString(b.value) {
+					t.Errorf("dead letter %s: a UTF-8 value came as base64", b.key)
 				}
 			}
-		}
-		if found != len(bad) || got.Topic != topic {
-			t.Errorf("ops dlq --json: topic %q, found %d of the %d dead letters:\n%s", got.Topic, found, len(bad), out)
+			_, perr := strconv.Atoi(it.SourcePartition)
+			_, oerr := strconv.ParseInt(it.SourceOffset, 10, 64)
+			if value != b.value || it.Reason != b.reason || it.Detail == "" || it.SourceTopic != "effectline.intents" || perr != nil || oerr != nil {
+				t.Errorf("dead letter %s: %+v, want value %q, reason %s and where it was", b.key, it, b.value, b.reason)
+			}
 		}
 		table := agent.ok(t, "dlq")
-		if !strings.Contains(table, "malformed JSON") || !strings.Contains(table, "effectline.intents/2/7") || !strings.Contains(table, `\x00`) {
+		if !strings.Contains(table, "invalid_envelope") || !strings.Contains(table, "effectline.intents/") || !strings.Contains(table, `\x00`) {
 			t.Errorf("ops dlq table:\n%s", table)
 		}
 		other := agent
@@ -323,6 +400,15 @@ func TestOps(t *testing.T) {
 		agent.fail(t, "list", "--bogus")
 	})
 }
+
+// opsWorkflow is a workflow over e2eTools, appended to them.
+const opsWorkflow = `workflows:
+  - name: ops.warm
+    steps:
+      - name: warm
+        tool: cache.set
+        args: {k: "{{.Input.k}}"}
+`
 
 // opsEnv is the environment an operator's shell gives `effectline ops`.
 type opsEnv struct {
@@ -411,21 +497,4 @@ func opsWaitStatus(t *testing.T, ctx context.Context, e opsEnv, key, status stri
 		}
 		return rec.Status == status
 	})
-}
-
-// opsCreateTopic creates topic unless it exists (the dead-letter writer may
-// provision it at start).
-func opsCreateTopic(t *testing.T, brokers []string, topic string) {
-	t.Helper()
-	cfg := sarama.NewConfig()
-	cfg.Version = sarama.V2_8_0_0
-	admin, err := sarama.NewClusterAdmin(brokers, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	err = admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 3, ReplicationFactor: 1}, false)
-	if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
-		t.Fatalf("creating %s: %v", topic, err)
-	}
 }

@@ -16,7 +16,7 @@ import (
 
 // The OTEL_* variables are read through Config.Getenv rather than left to
 // the SDK and exporter (which would read os.Getenv themselves): only cmd
-// reads the environment (STYLE §16), and tests can then pass a map. Each
+// reads the environment (only cmd does), and tests can then pass a map. Each
 // value honoured here is turned into an explicit option, which takes
 // precedence over what the SDK would read from the process environment.
 // Settings not translated here (the TLS certificate files of

@@ -17,7 +17,7 @@ const Redacted = "[redacted]"
 // sensitiveKeys are matched, after lower-casing and dropping '_', '-', '.'
 // and ' ', as substrings of attribute keys, so "api_key", "X-Api-Key",
 // "apiKey", "client_secret" and "access_token" all match. Tool arguments and
-// results are never logged by design (STYLE §14, DESIGN §8); this list is the
+// results are never logged by design (contract §8); this list is the
 // safety net for the day someone does it by mistake, so it errs on the side
 // of hiding too much.
 var sensitiveKeys = []string{

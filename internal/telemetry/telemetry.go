@@ -2,7 +2,7 @@
 // exported with OTLP/HTTP, metrics served in the Prometheus format, and a
 // JSON slog logger that carries trace ids and redacts credentials.
 //
-// Only cmd calls Setup (STYLE §15): components take an optional
+// Only cmd calls Setup: components take an optional
 // TracerProvider and MeterProvider and default to the otel globals, which
 // Setup installs. Configuration comes from the standard OTEL_* variables,
 // read through Config.Getenv. With none set nothing is exported and the

@@ -1,6 +1,6 @@
 -- The reconciler's tables and indexes (package reconciler owns the queries).
 
--- webhook_deliveries deduplicates inbound callbacks (DESIGN §7) by their
+-- webhook_deliveries deduplicates inbound callbacks (contract §7) by their
 -- Standard Webhooks id, per source. The row is inserted first in the
 -- transaction that applies the callback, so "recorded as delivered" and
 -- "applied" commit or roll back together: a callback whose business logic

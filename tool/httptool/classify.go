@@ -35,7 +35,7 @@ type handshakeError struct{ err error }
 func (e *handshakeError) Error() string { return "tls handshake: " + e.err.Error() }
 func (e *handshakeError) Unwrap() error { return e.err }
 
-// Classify maps one HTTP exchange to an outcome, exactly as DESIGN §2 says.
+// Classify maps one HTTP exchange to an outcome, exactly as contract §2 says.
 // wroteRequest reports whether the whole request was written to the
 // connection (httptrace's WroteRequest without an error).
 //

@@ -132,7 +132,7 @@ func (t *HTTPTool) Compensate(ctx context.Context, c tool.Call) tool.Result {
 	return t.call(ctx, *t.compensate, c, body)
 }
 
-// Reconcile asks "did the effect for this key happen?" (DESIGN §6): 2xx
+// Reconcile asks "did the effect for this key happen?" (contract §6): 2xx
 // means found (the body is the result), 404 absent, and anything else,
 // transport errors and timeouts included, cannot tell.
 func (t *HTTPTool) Reconcile(ctx context.Context, c tool.Call) tool.Reconciliation {

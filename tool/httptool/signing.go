@@ -10,7 +10,7 @@ import (
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 )
 
-// signer adds Standard Webhooks headers (DESIGN §5) to outbound calls, so a
+// signer adds Standard Webhooks headers (contract §5) to outbound calls, so a
 // tool can check that the caller is effectline and that the body was not
 // altered, with any off-the-shelf Standard Webhooks verifier.
 type signer struct {

@@ -18,7 +18,7 @@ import (
 	"github.com/effectline/effectline/tool"
 )
 
-// The tools file (DESIGN §6). Its shape is contract; keys may be added.
+// The tools file (contract §6). Its shape is contract; keys may be added.
 type toolsFile struct {
 	Tools []toolEntry `yaml:"tools"`
 	// Workflows are read and checked by package workflow, against the
@@ -116,7 +116,7 @@ func Load(path string, getenv func(string) string) (*tool.Registry, error) {
 	return parseFile(path, data, getenv)
 }
 
-// Parse builds a registry of HTTP tools from a tools file (DESIGN §6).
+// Parse builds a registry of HTTP tools from a tools file (contract §6).
 //
 // It refuses anything doubtful at load rather than at the first call: an
 // unknown key (a typo would silently drop a setting), an unknown effect
@@ -135,7 +135,7 @@ func Load(path string, getenv func(string) string) (*tool.Registry, error) {
 // errors.Join.
 //
 // getenv reads the signing secrets; nil means an empty environment. Only
-// cmd reads the real environment (STYLE 16), so it passes os.Getenv.
+// cmd reads the real environment (only cmd does), so it passes os.Getenv.
 func Parse(data []byte, getenv func(string) string) (*tool.Registry, error) {
 	return parseFile("", data, getenv)
 }

@@ -34,7 +34,7 @@ type urlTemplate struct {
 	pathArgs [][]string
 }
 
-// templateData is what URL templates see (DESIGN §6); TemplateFields
+// templateData is what URL templates see (contract §6); TemplateFields
 // describes its fields.
 type templateData struct {
 	Key          string

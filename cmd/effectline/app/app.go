@@ -331,7 +331,7 @@ func (a *App) build(names []string) ([]Component, error) {
 }
 
 // consumerGroups are the Kafka consumer groups of the named components,
-// whose lag the process reports (DESIGN §8). Each process reports the
+// whose lag the process reports (contract §8). Each process reports the
 // groups it runs; replicas of a group report the same figure, which the
 // broker holds.
 func consumerGroups(k kafka.Config, names []string) []kafka.GroupTopic {

@@ -11,7 +11,7 @@ import (
 	"github.com/effectline/effectline/pruner"
 )
 
-// Environment variables the binary reads (contract, DESIGN §7). Only cmd
+// Environment variables the binary reads (contract, contract §7). Only cmd
 // reads the environment; components get typed config.
 const (
 	EnvDatabaseURL      = "EFFECTLINE_DATABASE_URL"

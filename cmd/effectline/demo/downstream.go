@@ -45,7 +45,7 @@ type effect struct {
 // Services of the demo, in order.
 var Services = []string{"inventory", "payments", "email"}
 
-// Faults injected on the first call of each service (DESIGN §1's three classes).
+// Faults injected on the first call of each service (contract §1's three classes).
 const (
 	faultLoseResponse = "lose-response"    // apply, then drop the connection
 	faultTooMany      = "429-retry-after1" // answer 429 with Retry-After: 1, no effect
@@ -244,7 +244,7 @@ func (d *Downstream) release(w http.ResponseWriter, r *http.Request, service str
 		e.Released = true
 	}
 	d.mu.Unlock()
-	// Releasing what never happened succeeds too (DESIGN §1).
+	// Releasing what never happened succeeds too (contract §1).
 	writeJSON(w, http.StatusOK, map[string]string{"status": "released"})
 }
 

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -20,6 +21,9 @@ type client struct {
 	base  *url.URL
 	token string
 	hc    *http.Client
+	// streams is for event streams, which last as long as the operation
+	// takes, so hc's timeout on the whole request does not fit them.
+	streams *http.Client
 }
 
 // maxErrorBody bounds how much of an error answer is read and shown.
@@ -38,7 +42,7 @@ func newClient(rawURL, token string) (*client, error) {
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("%s=%q: want a URL like %s", EnvAPIURL, u.Redacted(), DefaultAPIURL)
 	}
-	return &client{base: u, token: token, hc: &http.Client{Timeout: requestTimeout}}, nil
+	return &client{base: u, token: token, hc: &http.Client{Timeout: requestTimeout}, streams: &http.Client{}}, nil
 }
 
 // APIError is an answer of the API with a status of 400 or more. Code,
@@ -113,6 +117,42 @@ func (c *client) post(ctx context.Context, path string, body any) ([]byte, error
 func (c *client) do(parent context.Context, method, path string, query url.Values, body []byte) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(parent, requestTimeout)
 	defer cancel()
+	req, err := c.newRequest(ctx, method, path, query, body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := c.send(parent, c.hc, path, req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: reading the answer: %w", method, path, err)
+	}
+	return b, nil
+}
+
+// stream opens the server-sent event stream at path, resuming after the
+// event id lastID when it is above 0. The answer is read as it comes, with
+// no timeout on the whole: the caller closes its body, and bounds the
+// silence between lines.
+func (c *client) stream(ctx context.Context, path string, lastID int64) (*http.Response, error) {
+	req, err := c.newRequest(ctx, http.MethodGet, path, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "text/event-stream")
+	if lastID > 0 {
+		req.Header.Set("Last-Event-ID", strconv.FormatInt(lastID, 10))
+	}
+	return c.send(ctx, c.streams, path, req)
+}
+
+// newRequest builds a request of the API for path (already escaped, see
+// pathKey), with the token and, for a body, its JSON content type.
+func (c *client) newRequest(ctx context.Context, method, path string, query url.Values, body []byte) (*http.Request, error) {
 	u := *c.base
 	// path is already escaped (pathKey): keep RawPath so a key with a
 	// slash stays one segment.
@@ -129,14 +169,20 @@ func (c *client) do(parent context.Context, method, path string, query url.Value
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Accept", "application/json")
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
-	resp, err := c.hc.Do(req)
+	return req, nil
+}
+
+// send sends req with hc and returns a 2xx answer, whose body the caller
+// closes; any other answer is the API's error, and no answer at all an
+// UnreachableError, unless parent ended first.
+func (c *client) send(parent context.Context, hc *http.Client, path string, req *http.Request) (*http.Response, error) {
+	resp, err := hc.Do(req)
 	if err != nil {
 		if parent.Err() != nil {
 			// Interrupted by the operator (Ctrl-C), not a server that is away.
@@ -144,15 +190,11 @@ func (c *client) do(parent context.Context, method, path string, query url.Value
 		}
 		return nil, &UnreachableError{URL: c.base.Redacted(), Err: err}
 	}
-	defer resp.Body.Close()
 	if resp.StatusCode >= 400 {
-		return nil, readAPIError(method, path, resp)
+		defer resp.Body.Close()
+		return nil, readAPIError(req.Method, path, resp)
 	}
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, fmt.Errorf("%s %s: reading the answer: %w", method, path, err)
-	}
-	return b, nil
+	return resp, nil
 }
 
 func readAPIError(method, path string, resp *http.Response) error {

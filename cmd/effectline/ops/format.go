@@ -19,6 +19,16 @@ func newTable(w io.Writer) *tabwriter.Writer {
 	return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 }
 
+// fieldRow returns a writer of one record's name-value rows on tw, which
+// leaves out the empty values: a record shows what it has.
+func fieldRow(tw io.Writer) func(name, value string) {
+	return func(name, value string) {
+		if value != "" {
+			fmt.Fprintf(tw, "%s\t%s\n", name, value)
+		}
+	}
+}
+
 // writeOperations writes a list of operations as a table.
 func writeOperations(w io.Writer, ops []Operation) error {
 	tw := newTable(w)
@@ -33,11 +43,7 @@ func writeOperations(w io.Writer, ops []Operation) error {
 // writeOperation writes one record, then its history.
 func writeOperation(w io.Writer, o Operation) error {
 	tw := newTable(w)
-	row := func(name, value string) {
-		if value != "" {
-			fmt.Fprintf(tw, "%s\t%s\n", name, value)
-		}
-	}
+	row := fieldRow(tw)
 	row("operation_key", cell(o.OperationKey, 512))
 	row("tool", o.Tool)
 	row("effect_class", o.EffectClass)
@@ -140,13 +146,41 @@ func writeWorkflows(w io.Writer, wfs []Workflow) error {
 	return tw.Flush()
 }
 
+// writeWorkflow writes one workflow record, then its steps.
+func writeWorkflow(w io.Writer, f Workflow) error {
+	tw := newTable(w)
+	row := fieldRow(tw)
+	row("workflow_id", cell(f.WorkflowID, 512))
+	row("workflow", f.Workflow)
+	row("status", f.Status)
+	row("principal", f.Principal)
+	row("current_step", f.Current)
+	row("awaiting", cell(f.Awaiting, 512))
+	row("created_at", stamp(f.CreatedAt))
+	row("updated_at", stamp(f.UpdatedAt))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(f.Steps) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w)
+	tw = newTable(w)
+	fmt.Fprintln(tw, "STEP\tTOOL\tCLASS\tSTATUS\tOPERATION\tDOWNSTREAM_ID")
+	for _, s := range f.Steps {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", cell(s.Name, 32), cell(s.Tool, 32), s.EffectClass, s.Status,
+			cell(s.OperationKey, 64), cell(s.DownstreamID, 48))
+	}
+	return tw.Flush()
+}
+
 // writeDeadLetters writes dead letters as a table.
 func writeDeadLetters(w io.Writer, dls []DeadLetter) error {
 	tw := newTable(w)
 	fmt.Fprintln(tw, "PARTITION\tOFFSET\tTIME\tKEY\tREASON\tSOURCE\tVALUE")
 	for _, d := range dls {
-		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\n", d.Partition, d.Offset, stamp(d.Timestamp),
-			cell(string(d.Key), 48), cell(d.Reason(), 60), d.source(), cell(string(d.Value), 80))
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\n", d.DLQPartition, d.DLQOffset, stamp(d.At),
+			cell(string(d.Key), 48), cell(d.Reason, 60), d.source(), cell(string(d.Value), 80))
 	}
 	return tw.Flush()
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/effectline/effectline/internal/kafka"
 )
 
 var t0 = time.Date(2026, 12, 1, 20, 38, 51, 123456789, time.UTC)
@@ -104,12 +106,12 @@ func TestWatchLineHasFixedColumns(t *testing.T) {
 
 func TestWriteDeadLetters(t *testing.T) {
 	var b bytes.Buffer
-	err := writeDeadLetters(&b, []DeadLetter{{
-		Partition: 1, Offset: 7, Timestamp: t0, Key: []byte("k1"), Value: []byte("{\"a\":\n1}\x00"),
-		Headers: map[string]string{headerError: "malformed JSON", headerTopic: "effectline.intents", headerPartition: "2", headerOffset: "40"},
-	}, {
-		Partition: 0, Offset: 3, Timestamp: t0, Key: nil, Value: []byte{0xff, 'x'}, Headers: map[string]string{},
-	}})
+	err := writeDeadLetters(&b, []DeadLetter{{kafka.DeadLetter{
+		DLQPartition: 1, DLQOffset: 7, At: t0, Key: []byte("k1"), Value: []byte("{\"a\":\n1}\x00"),
+		Reason: "malformed JSON", Topic: "effectline.intents", Partition: 2, Offset: 40,
+	}}, {kafka.DeadLetter{
+		DLQPartition: 0, DLQOffset: 3, At: t0, Key: nil, Value: []byte{0xff, 'x'},
+	}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,8 +127,8 @@ func TestWriteDeadLetters(t *testing.T) {
 }
 
 func TestDeadLetterJSON(t *testing.T) {
-	d := DeadLetter{Partition: 1, Offset: 7, Timestamp: t0, Key: []byte("k"), Value: []byte{0xff},
-		Headers: map[string]string{headerError: "not JSON", headerTopic: "t", headerPartition: "0", headerOffset: "9"}}
+	d := DeadLetter{kafka.DeadLetter{DLQPartition: 1, DLQOffset: 7, At: t0, Key: []byte("k"), Value: []byte{0xff},
+		Reason: "not JSON", Detail: "invalid character", Topic: "t", Partition: 0, Offset: 9}}
 	b, err := json.Marshal(d)
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +138,7 @@ func TestDeadLetterJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	for k, want := range map[string]any{"key": "k", "value_base64": "/w==", "reason": "not JSON", "source_topic": "t",
-		"source_partition": "0", "source_offset": "9", "offset": 7.0, "partition": 1.0} {
+		"source_partition": "0", "source_offset": "9", "offset": 7.0, "partition": 1.0, "detail": "invalid character"} {
 		if got[k] != want {
 			t.Errorf("%s = %v, want %v (%s)", k, got[k], want, b)
 		}

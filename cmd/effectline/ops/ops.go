@@ -17,6 +17,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/effectline/effectline/events"
 )
 
 // Environment variables ops reads. The Kafka ones are the ones every
@@ -28,10 +30,8 @@ const (
 	EnvKafkaBrokers = "EFFECTLINE_KAFKA_BROKERS"
 	EnvTopicPrefix  = "EFFECTLINE_TOPIC_PREFIX"
 	DefaultAPIURL   = "http://127.0.0.1:8080"
-	// defaultTopicPrefix is the contract's prefix of topic names.
-	defaultTopicPrefix = "effectline."
 	// dlqSuffix names the dead-letter topic of the intents topic.
-	dlqSuffix = "intents.dlq"
+	dlqSuffix = events.TopicIntentsDLQ
 )
 
 // Usage is the help of `effectline ops`.
@@ -41,9 +41,10 @@ const Usage = `Usage: effectline ops COMMAND [flags]
   show KEY                                   an operation's record and its event history
   watch KEY                                  print each event as it is journaled, until the operation settles
   decide KEY ACTION [--note TEXT] [--downstream-id ID]
-                                             record a decision: record_success, retry, compensate or abandon
-  workflows [ID]                             workflows, or one workflow
-  dlq [--limit N]                            the dead letters on the intents' dead-letter topic (from Kafka)
+                                             record a decision: record_success, retry, compensate or abandon;
+                                             --downstream-id goes with record_success, to a server that takes it
+  workflows [--status S] [ID]                the newest workflows, or one workflow with its steps
+  dlq [--limit N]                            the dead letters on the intents' dead-letter topic (from Kafka), oldest first
 
 Every command takes --json: one JSON document (watch: one event per line).
 The API is EFFECTLINE_API_URL (default http://127.0.0.1:8080), with the bearer
@@ -149,6 +150,20 @@ func parse(fs *flag.FlagSet, args []string, min, max int, what string) ([]string
 	return pos, nil
 }
 
+// connect parses the command line of an API command (see parse) and makes
+// the API's client.
+func (e env) connect(fs *flag.FlagSet, args []string, min, max int, what string) ([]string, *client, error) {
+	pos, err := parse(fs, args, min, max, what)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := e.client()
+	if err != nil {
+		return nil, nil, err
+	}
+	return pos, c, nil
+}
+
 // printJSON writes v as one indented JSON document.
 func (e env) printJSON(v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
@@ -174,15 +189,12 @@ func (e env) list(ctx context.Context, args []string) error {
 	status := fs.String("status", "", "only operations in this status")
 	tool := fs.String("tool", "", "only operations of this tool")
 	limit := fs.Int("limit", 0, "at most this many operations (0: all)")
-	if _, err := parse(fs, args, 0, 0, "no arguments"); err != nil {
+	_, c, err := e.connect(fs, args, 0, 0, "no arguments")
+	if err != nil {
 		return err
 	}
 	if *limit < 0 {
 		return errors.New("effectline ops list: --limit must be 0 or more")
-	}
-	c, err := e.client()
-	if err != nil {
-		return err
 	}
 	var items []json.RawMessage
 	cursor := ""
@@ -273,12 +285,7 @@ func decodeOperation(b []byte) (Operation, error) {
 }
 
 func (e env) show(ctx context.Context, args []string) error {
-	fs := e.flags("show")
-	pos, err := parse(fs, args, 1, 1, "one operation key")
-	if err != nil {
-		return err
-	}
-	c, err := e.client()
+	pos, c, err := e.connect(e.flags("show"), args, 1, 1, "one operation key")
 	if err != nil {
 		return err
 	}
@@ -293,12 +300,7 @@ func (e env) show(ctx context.Context, args []string) error {
 }
 
 func (e env) watch(ctx context.Context, args []string) error {
-	fs := e.flags("watch")
-	pos, err := parse(fs, args, 1, 1, "one operation key")
-	if err != nil {
-		return err
-	}
-	c, err := e.client()
+	pos, c, err := e.connect(e.flags("watch"), args, 1, 1, "one operation key")
 	if err != nil {
 		return err
 	}
@@ -323,7 +325,9 @@ func (e env) watch(ctx context.Context, args []string) error {
 		}
 		return nil
 	}
-	op, err := watch(ctx, &pollStream{c: c, key: pos[0]}, emit)
+	s := &sseStream{c: c, key: pos[0]}
+	defer s.close()
+	op, err := watch(ctx, s, emit)
 	if err != nil {
 		return err
 	}
@@ -357,8 +361,9 @@ func settledLine(op Operation) string {
 }
 
 // decisionRequest is the body of POST /v1/operations/{key}/decisions.
-// downstream_id goes only with record_success, and only when given, so a
-// server that takes no downstream_id still accepts every other decision.
+// downstream_id is for record_success, and is sent only when given: the
+// API refuses members it does not know (400 on downstream_id) until it
+// takes the id, so every decision without one works against any server.
 type decisionRequest struct {
 	Action       string `json:"action"`
 	Note         string `json:"note,omitempty"`
@@ -368,12 +373,8 @@ type decisionRequest struct {
 func (e env) decide(ctx context.Context, args []string) error {
 	fs := e.flags("decide")
 	note := fs.String("note", "", "why: journaled with the decision and the approver's identity")
-	downstreamID := fs.String("downstream-id", "", "record_success: the downstream's id of the effect that happened")
-	pos, err := parse(fs, args, 2, 2, "an operation key and an action")
-	if err != nil {
-		return err
-	}
-	c, err := e.client()
+	downstreamID := fs.String("downstream-id", "", "record_success: the downstream's id of the effect that happened (a server that does not take it yet answers 400)")
+	pos, c, err := e.connect(fs, args, 2, 2, "an operation key and an action")
 	if err != nil {
 		return err
 	}
@@ -399,11 +400,7 @@ var ErrNoWorkflowAPI = errors.New("the server has no workflow API")
 func (e env) workflows(ctx context.Context, args []string) error {
 	fs := e.flags("workflows")
 	status := fs.String("status", "", "only workflows in this status")
-	pos, err := parse(fs, args, 0, 1, "at most one workflow id")
-	if err != nil {
-		return err
-	}
-	c, err := e.client()
+	pos, c, err := e.connect(fs, args, 0, 1, "at most one workflow id")
 	if err != nil {
 		return err
 	}
@@ -433,23 +430,21 @@ func (e env) workflows(ctx context.Context, args []string) error {
 		if err := json.Unmarshal(b, &wf); err != nil {
 			return fmt.Errorf("GET /v1/workflows/%s: the answer is not a workflow: %w", pos[0], err)
 		}
-		return writeWorkflows(e.stdout, []Workflow{wf})
+		return writeWorkflow(e.stdout, wf)
 	}
 	if e.json {
 		return e.printJSON(json.RawMessage(b))
 	}
-	var page struct {
-		Items []Workflow `json:"items"`
-	}
+	var page workflowPage
 	if err := json.Unmarshal(b, &page); err != nil {
 		return fmt.Errorf("GET /v1/workflows: the answer is not a page of workflows: %w", err)
 	}
-	return writeWorkflows(e.stdout, page.Items)
+	return writeWorkflows(e.stdout, page.Workflows)
 }
 
 func (e env) dlq(ctx context.Context, args []string) error {
 	fs := e.flags("dlq")
-	limit := fs.Int("limit", 0, "only the last N dead letters of each partition, and N in all (0: all)")
+	limit := fs.Int("limit", 0, "only the newest N dead letters (0: all)")
 	if _, err := parse(fs, args, 0, 0, "no arguments"); err != nil {
 		return err
 	}
@@ -467,9 +462,9 @@ func (e env) dlq(ctx context.Context, args []string) error {
 	}
 	prefix := e.getenv(EnvTopicPrefix)
 	if prefix == "" {
-		prefix = defaultTopicPrefix
+		prefix = events.DefaultTopicPrefix
 	}
-	dls, err := readDeadLetters(ctx, brokers, prefix+dlqSuffix, *limit)
+	dls, err := readDeadLetters(ctx, brokers, prefix, *limit)
 	if err != nil {
 		return err
 	}

@@ -228,9 +228,10 @@ func TestWorkflows(t *testing.T) {
 	some := newFakeAPI(t, func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/v1/workflows":
-			writeBody(w, 200, `{"items":[{"workflow_id":"wf-1","workflow":"order.checkout","status":"running"}]}`)
+			writeBody(w, 200, `{"workflows":[{"workflow_id":"wf-1","workflow":"order.checkout","status":"running"}]}`)
 		case "/v1/workflows/wf-1":
-			writeBody(w, 200, `{"workflow_id":"wf-1","workflow":"order.checkout","status":"completed"}`)
+			writeBody(w, 200, `{"workflow_id":"wf-1","workflow":"order.checkout","status":"completed",
+				"steps":[{"name":"reserve","tool":"inventory.reserve","status":"completed","operation_key":"wf:wf-1/reserve"}]}`)
 		default:
 			writeBody(w, 404, `{"error":"not_found","detail":"no workflow with this id"}`)
 		}
@@ -238,6 +239,10 @@ func TestWorkflows(t *testing.T) {
 	out, _, err := some.run("workflows")
 	if err != nil || !strings.Contains(out, "order.checkout") || !strings.Contains(out, "running") {
 		t.Errorf("workflows: %v\n%s", err, out)
+	}
+	out, _, err = some.run("workflows", "wf-1")
+	if err != nil || !strings.Contains(out, "STEP") || !strings.Contains(out, "wf:wf-1/reserve") || !strings.Contains(out, "completed") {
+		t.Errorf("workflows wf-1: %v\n%s", err, out)
 	}
 	out, _, err = some.run("workflows", "wf-1", "--json")
 	var wf Workflow
@@ -347,5 +352,103 @@ func TestRunUsage(t *testing.T) {
 	}
 	if err := Run(context.Background(), []string{"dlq"}, get, &out, &errb); err == nil || !strings.Contains(err.Error(), EnvKafkaBrokers) {
 		t.Errorf("dlq without brokers: %v", err)
+	}
+}
+
+// sseEvent is one event of a fake stream: id = seq, data = the envelope.
+func sseEvent(w io.Writer, seq int64, typ string) {
+	fmt.Fprintf(w, "id: %d\nevent: %s\ndata: {\"seq\":%d,\"type\":%q,\n", seq, typ, seq, typ)
+	fmt.Fprintf(w, "data: \"operation_key\":\"k/1\"}\n\n")
+}
+
+func TestWatchReadsTheStreamAndResumesAfterADrop(t *testing.T) {
+	var mu sync.Mutex
+	var lastIDs []string
+	records := 0
+	f := newFakeAPI(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.EscapedPath() {
+		case "/v1/operations/k%2F1/events":
+			mu.Lock()
+			lastIDs = append(lastIDs, r.Header.Get("Last-Event-ID"))
+			n := len(lastIDs)
+			mu.Unlock()
+			if r.Header.Get("Accept") != "text/event-stream" {
+				writeBody(w, 406, `{"error":"not_acceptable"}`)
+				return
+			}
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(200)
+			if n == 1 {
+				io.WriteString(w, ": keepalive\n\n")
+				sseEvent(w, 1, "intent.recorded")
+				sseEvent(w, 2, "attempt.started")
+				io.WriteString(w, "id: 3\ndata: {\"seq\":3,")
+				w.(http.Flusher).Flush()
+				panic(http.ErrAbortHandler) // the connection drops mid-event
+			}
+			sseEvent(w, 3, "attempt.failed")
+			sseEvent(w, 4, "attempt.succeeded")
+		case "/v1/operations/k%2F1":
+			mu.Lock()
+			records++
+			mu.Unlock()
+			writeBody(w, 200, `{"operation_key":"k/1","status":"completed","seq":4,"outcome":{"state":"succeeded","next":"done"},
+				"events":[{"seq":1,"type":"intent.recorded"},{"seq":2,"type":"attempt.started"},{"seq":3,"type":"attempt.failed"},{"seq":4,"type":"attempt.succeeded"}]}`)
+		default:
+			writeBody(w, 404, `{"error":"not_found"}`)
+		}
+	})
+	out, _, err := f.run("watch", "k/1", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seqs []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var ev Event
+		if err := json.Unmarshal([]byte(line), &ev); err != nil || ev.OperationKey != "k/1" {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		seqs = append(seqs, fmt.Sprint(ev.Seq))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Join(seqs, " ") != "1 2 3 4" {
+		t.Errorf("printed %v, want every event once, in order\n%s", seqs, out)
+	}
+	// Reopened after the last whole event; the record read once, at the end.
+	if fmt.Sprint(lastIDs) != "[ 2]" || records != 1 {
+		t.Errorf("streams opened with Last-Event-ID %q, %d reads of the record: want [ 2] and 1", lastIDs, records)
+	}
+}
+
+func TestWatchPollsAServerWithoutTheStream(t *testing.T) {
+	for _, status := range []int{404, 406} {
+		polls := 0
+		f := newFakeAPI(t, func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.EscapedPath() {
+			case "/v1/operations/k/events":
+				w.WriteHeader(status)
+				io.WriteString(w, "404 page not found\n")
+			case "/v1/operations/k":
+				polls++
+				if polls == 1 {
+					writeBody(w, 200, `{"operation_key":"k","status":"in_progress","seq":1,"events":[{"seq":1,"type":"intent.recorded"}]}`)
+					return
+				}
+				writeBody(w, 200, `{"operation_key":"k","status":"completed","seq":2,"events":[{"seq":1,"type":"intent.recorded"},{"seq":2,"type":"attempt.succeeded"}]}`)
+			}
+		})
+		out, _, err := f.run("watch", "k")
+		if err != nil || !strings.Contains(out, "intent.recorded") || !strings.Contains(out, "attempt.succeeded") ||
+			!strings.Contains(out, "settled: completed") || polls != 2 {
+			t.Errorf("%d on the stream: %v, %d polls\n%s", status, err, polls, out)
+		}
+	}
+	// An unknown key: the stream's 404, then the record's, which is shown.
+	f := newFakeAPI(t, func(w http.ResponseWriter, r *http.Request) {
+		writeBody(w, 404, `{"error":"not_found","detail":"no operation with this key"}`)
+	})
+	if _, _, err := f.run("watch", "nope"); !IsStatus(err, 404) || !strings.Contains(err.Error(), "GET /v1/operations/nope:") {
+		t.Errorf("watch of an unknown key: %v", err)
 	}
 }

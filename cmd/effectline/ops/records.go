@@ -80,12 +80,31 @@ func (o Operation) settled() bool {
 	return false
 }
 
-// Workflow is the part of a workflow record this tool shows: the members
-// a workflow is started with, its status and its times.
+// Workflow is the part of a workflow record (GET /v1/workflows/{id}) this
+// tool shows: what it runs, where it stands, and its steps.
 type Workflow struct {
-	WorkflowID string    `json:"workflow_id"`
-	Workflow   string    `json:"workflow"`
-	Status     string    `json:"status"`
-	CreatedAt  time.Time `json:"created_at"`
-	UpdatedAt  time.Time `json:"updated_at"`
+	WorkflowID string         `json:"workflow_id"`
+	Workflow   string         `json:"workflow"`
+	Status     string         `json:"status"`
+	Principal  string         `json:"principal"`
+	Current    string         `json:"current_step"`
+	Awaiting   string         `json:"awaiting"`
+	Steps      []WorkflowStep `json:"steps"`
+	CreatedAt  time.Time      `json:"created_at"`
+	UpdatedAt  time.Time      `json:"updated_at"`
+}
+
+// WorkflowStep is one step of a workflow record.
+type WorkflowStep struct {
+	Name         string `json:"name"`
+	Tool         string `json:"tool"`
+	EffectClass  string `json:"effect_class"`
+	Status       string `json:"status"`
+	OperationKey string `json:"operation_key"`
+	DownstreamID string `json:"downstream_id"`
+}
+
+// workflowPage is GET /v1/workflows.
+type workflowPage struct {
+	Workflows []Workflow `json:"workflows"`
 }

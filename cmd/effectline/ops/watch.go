@@ -5,9 +5,10 @@ import (
 	"time"
 )
 
-// eventStream yields an operation's events in seq order. The API's SSE
-// stream (GET /v1/operations/{key}/events) is one way to implement it;
-// pollStream, over GET /v1/operations/{key}, works against every server.
+// eventStream yields an operation's events in seq order. sseStream reads
+// the API's SSE stream (GET /v1/operations/{key}/events); pollStream, over
+// GET /v1/operations/{key}, works against every server, and is what
+// sseStream falls back to on a server without the stream.
 type eventStream interface {
 	// next blocks until the operation has events after seq after, or has
 	// settled, and returns those events (in seq order) with the record
@@ -52,14 +53,22 @@ func (p *pollStream) next(ctx context.Context, after int64) ([]Event, Operation,
 			p.delay = pollMin
 			return fresh, op, nil
 		}
-		t := time.NewTimer(p.delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleep(ctx, p.delay) {
 			return nil, Operation{}, ctx.Err()
-		case <-t.C:
 		}
 		p.delay = min(2*p.delay, pollMax)
+	}
+}
+
+// sleep waits d or until ctx is done, reporting whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
