@@ -1,6 +1,6 @@
 // Package tool is how effectline calls the outside world: the registry of
-// tools (DESIGN §6), the HTTP invoker, and the one classification of what a
-// call returned into Succeeded, Failed or Unknown (DESIGN §2).
+// tools (contract §6), the HTTP invoker, and the one classification of what a
+// call returned into Succeeded, Failed or Unknown (contract §2).
 //
 // Classification is the heart of the product's promise. Failed means
 // "provably no effect" and may be retried; Unknown means "it may have
@@ -33,7 +33,7 @@ import (
 type Call struct {
 	// OperationKey identifies the intended effect across every retry.
 	OperationKey string
-	// DownstreamKey is the idempotency key sent downstream (DESIGN §5): the
+	// DownstreamKey is the idempotency key sent downstream (contract §5): the
 	// operation key, changed only after a compensated attempt.
 	DownstreamKey string
 	// DownstreamID is what the downstream called the effect, when known
