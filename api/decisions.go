@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -56,6 +57,10 @@ func (s *Server) decisionRoutes() {
 type decisionRequest struct {
 	Action *string `json:"action"`
 	Note   string  `json:"note"`
+	// DownstreamID and Result may come with record_success: what the
+	// approver saw downstream.
+	DownstreamID string          `json:"downstream_id"`
+	Result       json.RawMessage `json:"result"`
 }
 
 // postDecision records a decision and answers the record it produced.
@@ -82,7 +87,7 @@ func (s *Server) postDecision(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	approver, _ := PrincipalFrom(ctx)
-	op, err := s.decide(ctx, key, action, req.Note, approver)
+	op, err := s.decide(ctx, key, action, req.Note, approver, Seen{DownstreamID: req.DownstreamID, Result: req.Result})
 	if err != nil {
 		d := describeDecisionError(err, op)
 		if d.retry {
@@ -102,17 +107,21 @@ var errNoDecider = errors.New("this process records no decisions (no Decider is 
 // decide calls the Decider, logging what the server got wrong. Refusals are
 // the approver's business, not the operator's: they are not logged. The
 // note is never logged.
-func (s *Server) decide(ctx context.Context, key string, action events.Action, note, approver string) (events.Operation, error) {
+func (s *Server) decide(ctx context.Context, key string, action events.Action, note, approver string, seen Seen) (events.Operation, error) {
 	if s.decider == nil {
 		return events.Operation{}, errNoDecider
 	}
-	op, err := s.decider.Decide(ctx, key, action, note, approver)
+	op, err := s.callDecider(ctx, key, action, note, approver, seen)
 	switch {
 	case err == nil:
 		s.log.InfoContext(ctx, "decision recorded", slog.String("operation_key", key),
 			slog.String("action", string(action)), slog.String("approver", approver),
 			slog.String("status", string(op.Status)))
-	case errors.Is(err, events.ErrNotWaiting), errors.Is(err, events.ErrInvalidDecision), errors.Is(err, store.ErrNotFound):
+	case errors.Is(err, events.ErrNotWaiting), errors.Is(err, events.ErrInvalidDecision), errors.Is(err, store.ErrNotFound),
+		errors.Is(err, events.ErrRequesterCannotDecide):
+	case errors.Is(err, events.ErrEffectFound):
+		s.log.InfoContext(ctx, "decision refused: the downstream shows the effect", slog.String("operation_key", key),
+			slog.String("action", string(action)), slog.String("approver", approver))
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		s.log.WarnContext(ctx, "recording a decision did not finish", slog.String("operation_key", key),
 			slog.String("action", string(action)), slog.Any("error", err))
@@ -134,6 +143,9 @@ type decisionError struct {
 }
 
 func describeDecisionError(err error, op events.Operation) decisionError {
+	if d, ok := describeGuardError(err); ok {
+		return d
+	}
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return decisionError{status: http.StatusNotFound, code: codeNotFound, detail: "no operation with this key"}

@@ -39,7 +39,7 @@ func (u uiServer) SetSpanPrincipal(ctx context.Context, name string) { setSpanPr
 func (u uiServer) CheckOperationKey(key string) string { return checkOperationKey(key) }
 
 func (u uiServer) Decide(ctx context.Context, key string, action events.Action, note, approver string) (events.Operation, error) {
-	return u.s.decide(ctx, key, action, note, approver)
+	return u.s.decide(ctx, key, action, note, approver, Seen{})
 }
 
 func (u uiServer) Refusal(err error, op events.Operation) (int, string) {

@@ -19,6 +19,15 @@ var (
 	// attempt, a note too long, no approver). Its message is shown to the
 	// approver: it names what is wrong, never args or results. HTTP 400.
 	ErrInvalidDecision = errors.New("invalid decision")
+	// ErrRequesterCannotDecide: the tool's approval rule (not_requester)
+	// refuses a decision by the principal that submitted the intent.
+	// HTTP 403.
+	ErrRequesterCannotDecide = errors.New("the principal that asked may not decide on its own operation")
+	// ErrEffectFound: asked again at decision time, the downstream shows the
+	// effect; the operation was recorded completed instead of carrying out a
+	// retry or an abandon, and the refusal comes with the completed record.
+	// HTTP 409.
+	ErrEffectFound = errors.New("the downstream shows the effect")
 
 	// ErrUnknownSource: no registered tool by that name accepts callbacks
 	// (unknown, or it has no signing secret). HTTP 404.

@@ -834,6 +834,8 @@ func (d *AttemptSucceededData) fastDecode(r *fastReader) bool {
 			ok = r.str(&d.UndoRef)
 		case "late":
 			ok = r.bool(&d.Late)
+		case "precondition":
+			ok = r.raw(&d.Precondition)
 		}
 		if !ok {
 			return false
@@ -858,6 +860,8 @@ func (d *AttemptFailedData) fastDecode(r *fastReader) bool {
 			ok = r.timePtr(&d.RetryAt)
 		case "late":
 			ok = r.bool(&d.Late)
+		case "precondition":
+			ok = r.raw(&d.Precondition)
 		case "response":
 			ok = r.raw(&d.Response)
 		}
@@ -884,6 +888,8 @@ func (d *AttemptUnknownData) fastDecode(r *fastReader) bool {
 			ok = r.timePtr(&d.RetryAt)
 		case "late":
 			ok = r.bool(&d.Late)
+		case "precondition":
+			ok = r.raw(&d.Precondition)
 		}
 		if !ok {
 			return false
@@ -984,6 +990,8 @@ func (d *EscalationData) fastDecode(r *fastReader) bool {
 			ok = r.enum((*string)(&d.ProposedAction), actionNames)
 		case "detail":
 			ok = r.str(&d.Detail)
+		case "approvers":
+			ok = r.int(&d.Approvers)
 		}
 		if !ok {
 			return false
@@ -1004,6 +1012,10 @@ func (d *DecisionData) fastDecode(r *fastReader) bool {
 			ok = r.str(&d.Approver)
 		case "retry_at":
 			ok = r.timePtr(&d.RetryAt)
+		case "downstream_id":
+			ok = r.str(&d.DownstreamID)
+		case "result":
+			ok = r.raw(&d.Result)
 		}
 		if !ok {
 			return false

@@ -380,6 +380,7 @@ func (d *AttemptSucceededData) fastMarshal(w *fastWriter) {
 	w.strOmit("downstream_id", d.DownstreamID)
 	w.strOmit("undo_ref", d.UndoRef)
 	w.boolOmit("late", d.Late)
+	w.rawOmit("precondition", d.Precondition)
 }
 
 func (d *AttemptFailedData) fastMarshal(w *fastWriter) {
@@ -389,6 +390,7 @@ func (d *AttemptFailedData) fastMarshal(w *fastWriter) {
 	w.intOmit("status_code", int64(d.StatusCode))
 	w.timeOmit("retry_at", d.RetryAt)
 	w.boolOmit("late", d.Late)
+	w.rawOmit("precondition", d.Precondition)
 	w.rawOmit("response", d.Response)
 }
 
@@ -399,6 +401,7 @@ func (d *AttemptUnknownData) fastMarshal(w *fastWriter) {
 	w.str("next", string(d.Next))
 	w.timeOmit("retry_at", d.RetryAt)
 	w.boolOmit("late", d.Late)
+	w.rawOmit("precondition", d.Precondition)
 }
 
 func (d *CompensationStartedData) fastMarshal(w *fastWriter) {
@@ -434,6 +437,7 @@ func (d *EscalationData) fastMarshal(w *fastWriter) {
 	w.rawOmit("downstream", d.Downstream)
 	w.str("proposed_action", string(d.ProposedAction))
 	w.strOmit("detail", d.Detail)
+	w.intOmit("approvers", int64(d.Approvers))
 }
 
 func (d *DecisionData) fastMarshal(w *fastWriter) {
@@ -441,6 +445,8 @@ func (d *DecisionData) fastMarshal(w *fastWriter) {
 	w.strOmit("note", d.Note)
 	w.str("approver", d.Approver)
 	w.timeOmit("retry_at", d.RetryAt)
+	w.strOmit("downstream_id", d.DownstreamID)
+	w.rawOmit("result", d.Result)
 }
 
 func (o *Operation) fastMarshal(w *fastWriter) {
@@ -462,6 +468,9 @@ func (o *Operation) fastMarshal(w *fastWriter) {
 	w.strOmit("downstream_key", o.DownstreamKey)
 	w.int("compensations", int64(o.Compensations))
 	w.boolOmit("approved", o.Approved)
+	if len(o.Approvals) > 0 {
+		w.ok = false // a list of strings: left to encoding/json
+	}
 	w.str("last_error_class", o.LastErrorClass)
 	if f := o.LastFailure; f != nil {
 		w.member("last_failure")

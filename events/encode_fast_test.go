@@ -97,6 +97,12 @@ func fastRandomValue(r *rand.Rand, v reflect.Value) {
 			var d EscalationData
 			fastRandomValue(r, reflect.ValueOf(&d).Elem())
 			f.Set(reflect.ValueOf(&d))
+		case []string:
+			list := make([]string, r.IntN(3))
+			for i := range list {
+				list[i] = fastRandomString(r)
+			}
+			f.Set(reflect.ValueOf(list))
 		case *Failure:
 			var d Failure
 			fastRandomValue(r, reflect.ValueOf(&d).Elem())

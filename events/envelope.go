@@ -59,6 +59,9 @@ type AttemptSucceededData struct {
 	// Late marks an outcome reported by a worker that had lost its lease. It
 	// is evidence: an effect that happened is never dropped.
 	Late bool `json:"late,omitempty"`
+	// Precondition is the evidence of the execution-time check made before
+	// the attempt was sent (what was asked, the answer, the verdict).
+	Precondition json.RawMessage `json:"precondition,omitempty"`
 }
 
 // AttemptFailedData is the data of attempt.failed: confirmed no effect.
@@ -70,6 +73,9 @@ type AttemptFailedData struct {
 	// RetryAt is when the next attempt is due; absent when none will follow.
 	RetryAt *time.Time `json:"retry_at,omitempty"`
 	Late    bool       `json:"late,omitempty"`
+	// Precondition is the evidence of the execution-time check; when it did
+	// not pass, nothing was sent and this is why the attempt failed.
+	Precondition json.RawMessage `json:"precondition,omitempty"`
 	// Response is the downstream's own answer to a rejected request (its
 	// body, sensitive values redacted, at most MaxResponseBytes), so the
 	// agent that asked can correct its input.
@@ -98,6 +104,9 @@ type AttemptUnknownData struct {
 	Next       Next       `json:"next"`
 	RetryAt    *time.Time `json:"retry_at,omitempty"`
 	Late       bool       `json:"late,omitempty"`
+	// Precondition is the evidence of the check that passed before the
+	// attempt was sent.
+	Precondition json.RawMessage `json:"precondition,omitempty"`
 }
 
 // CompensationStartedData is the data of compensation.started.
@@ -147,6 +156,9 @@ type EscalationData struct {
 	Downstream     json.RawMessage `json:"downstream,omitempty"`
 	ProposedAction Action          `json:"proposed_action"`
 	Detail         string          `json:"detail,omitempty"`
+	// Approvers is how many distinct approvers must decide retry before an
+	// approval_required operation runs; 0 means one.
+	Approvers int `json:"approvers,omitempty"`
 }
 
 // DecisionData is the data of decision.recorded.
@@ -156,6 +168,10 @@ type DecisionData struct {
 	Approver string `json:"approver"`
 	// RetryAt is set for a retry decision.
 	RetryAt *time.Time `json:"retry_at,omitempty"`
+	// DownstreamID and Result may come with record_success: what the
+	// approver (or the decision-time re-check) saw downstream.
+	DownstreamID string          `json:"downstream_id,omitempty"`
+	Result       json.RawMessage `json:"result,omitempty"`
 }
 
 // dataFor returns a pointer to a zero value of the Go shape of t's data.

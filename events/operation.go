@@ -17,6 +17,10 @@ const (
 	PhaseCompensation Phase = "compensation"
 )
 
+// ReasonApprovalRequired is the escalation reason of an operation waiting
+// in the approval gate before its first attempt.
+const ReasonApprovalRequired = "approval_required"
+
 // IntentPickupGrace is how long a fresh intent waits for its Kafka message
 // before the executor's due-time poller runs it anyway. It is the safety net
 // for an intent whose message was consumed by a worker that died before it
@@ -49,9 +53,13 @@ type Operation struct {
 	UndoRef       string          `json:"undo_ref"`
 	DownstreamKey string          `json:"downstream_key,omitempty"`
 	// Compensations counts undone attempts; it picks the next downstream key.
-	Compensations  int    `json:"compensations"`
-	Approved       bool   `json:"approved,omitempty"`
-	LastErrorClass string `json:"last_error_class"`
+	Compensations int  `json:"compensations"`
+	Approved      bool `json:"approved,omitempty"`
+	// Approvals lists the distinct approvers who decided retry while the
+	// operation waited in the approval gate; it runs once there are as many
+	// as its escalation's Approvers.
+	Approvals      []string `json:"approvals,omitempty"`
+	LastErrorClass string   `json:"last_error_class"`
 	// LastFailure is the confirmed failure of the latest attempt, while that
 	// is the latest outcome: what the outcome's reason quotes.
 	LastFailure *Failure `json:"last_failure,omitempty"`
@@ -315,6 +323,7 @@ func Apply(op Operation, e Envelope) (Operation, error) {
 		next.LeaseOwner, next.LeaseUntil = "", nil
 		esc := *d
 		next.Escalation = &esc
+		next.Approvals = nil // a new question: approvals are counted afresh
 	case *DecisionData:
 		if !op.Status.AwaitingDecision() {
 			return illegal("the operation is not waiting for a decision")
@@ -324,9 +333,24 @@ func Apply(op Operation, e Envelope) (Operation, error) {
 		case ActionRecordSuccess:
 			next.Status, next.Phase, next.DueAt = StatusCompleted, PhaseAttempt, nil
 			next.LastErrorClass = ""
+			if d.DownstreamID != "" {
+				next.DownstreamID = d.DownstreamID
+			}
+			if len(d.Result) > 0 {
+				next.Result = d.Result
+			}
 		case ActionRetry:
 			if d.RetryAt == nil {
 				return illegal("a retry decision needs retry_at")
+			}
+			if esc := op.Escalation; esc != nil && esc.Reason == ReasonApprovalRequired {
+				// The gate counts distinct approvers; until there are
+				// enough, the operation keeps waiting with its evidence.
+				next.Approvals = appendDistinct(op.Approvals, d.Approver)
+				if len(next.Approvals) < max(esc.Approvers, 1) {
+					next.Escalation = esc
+					return next, nil
+				}
 			}
 			next.Status, next.Phase, next.DueAt = StatusPending, PhaseAttempt, utcPtr(*d.RetryAt)
 			next.Approved = true
@@ -384,6 +408,17 @@ func successResolves(op Operation) bool {
 func undoMayHaveRun(op Operation) bool {
 	return op.Phase == PhaseCompensation && op.Attempt > 0 &&
 		op.DownstreamKey == DownstreamKeyFor(op.Key, op.Compensations)
+}
+
+// appendDistinct returns list with s added unless it is there already; list
+// itself is never modified, since records share it.
+func appendDistinct(list []string, s string) []string {
+	for _, v := range list {
+		if v == s {
+			return list
+		}
+	}
+	return append(append([]string(nil), list...), s)
 }
 
 func utcPtr(t time.Time) *time.Time {

@@ -23,7 +23,14 @@ func (e *Executor) runAttempt(ctx context.Context, span trace.Span, op events.Op
 	stop := e.heartbeat(ctx, op)
 	started := e.cfg.Now()
 	e.crashPoint(PointBeforeCall)
-	res := t.Invoke(ctx, tool.CallOf(op))
+	call := tool.CallOf(op)
+	g := e.guard(ctx, op, t, call)
+	var res tool.Result
+	if g.blocked != nil {
+		res = *g.blocked
+	} else {
+		res = t.Invoke(ctx, call)
+	}
 	stop()
 	e.crashPoint(PointAfterResponse)
 	// The result is journaled, stored in the record and returned to every
@@ -36,7 +43,7 @@ func (e *Executor) runAttempt(ctx context.Context, span trace.Span, op events.Op
 		// like evidence (it may echo the args) and capped.
 		res.Body = events.CapResponse(t.Spec().RedactEcho(op.Args, res.Body))
 	}
-	spec := outcomeSpec(op, res, t.Spec().Caps, now, e.cfg.Rand)
+	spec := withEvidence(outcomeSpec(op, res, t.Spec().Caps, now, e.cfg.Rand), g.evidence)
 	next := e.record(ctx, op, spec)
 	e.crashPoint(PointAfterJournal)
 	e.tel.endAttempt(ctx, span, op, res, now.Sub(started))

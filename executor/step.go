@@ -88,14 +88,8 @@ func (e *Executor) plan(op events.Operation, now time.Time, immediate bool) (ste
 			startAttempt(op, e.cfg.Worker, now, now),
 			attemptFailed(op, tool.Result{Outcome: events.Failed, Kind: events.Final, ErrorClass: class, Err: reject}, nil))
 	}
-	if t.Spec().RequiresApproval && !op.Approved && op.Attempt == 0 {
-		return e.journal(op, now, "requires approval before the first attempt",
-			eventSpec{typ: events.OperationEscalated, data: &events.EscalationData{
-				Reason:         "approval_required",
-				Request:        requestEvidence(op, t),
-				ProposedAction: events.ActionRetry,
-				Detail:         "the tool requires an approver's decision before it runs",
-			}})
+	if gate := approvalGate(op, t); gate != nil {
+		return e.journal(op, now, "requires approval before the first attempt", *gate)
 	}
 	claim := startAttempt(op, e.cfg.Worker, now, now.Add(e.cfg.Lease))
 	evs, err := e.build(op, now, claim)

@@ -2,7 +2,9 @@ package reconciler
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -53,6 +55,10 @@ type decideOptions struct {
 	topicPrefix string
 	tp          trace.TracerProvider
 	mp          metric.MeterProvider
+	// tools, seenID and seenResult: see WithTools and WithSeenDownstream.
+	tools      Tools
+	seenID     string
+	seenResult json.RawMessage
 }
 
 // WithTopicPrefix sets the topic prefix of the decision's outbox rows; it
@@ -84,6 +90,13 @@ func (d *Decider) Decide(ctx context.Context, key string, action events.Action, 
 	return Decide(ctx, d.store, key, action, note, approver, time.Now(), d.opts...)
 }
 
+// DecideSeen is Decide with what the approver saw downstream, for a
+// record_success (see WithSeenDownstream).
+func (d *Decider) DecideSeen(ctx context.Context, key string, action events.Action, note, approver, downstreamID string, result json.RawMessage) (events.Operation, error) {
+	opts := append(slices.Clip(d.opts), WithSeenDownstream(downstreamID, result))
+	return Decide(ctx, d.store, key, action, note, approver, time.Now(), opts...)
+}
+
 // Decide records an approver's decision on an operation waiting for one
 // (escalated or needs_reconciliation) and returns the record it produced:
 //
@@ -99,6 +112,14 @@ func (d *Decider) Decide(ctx context.Context, key string, action events.Action, 
 // events.ErrInvalidDecision) for an unknown action, an empty approver, a note over
 // MaxNoteBytes, or compensate on a non-compensable effect or before any
 // attempt. An unknown key wraps store.ErrNotFound.
+//
+// With WithTools, the tool's approval rule applies: a principal refused by
+// not_requester gets events.ErrRequesterCannotDecide, the same approver's
+// second retry in the approval gate is invalid, and before a retry or an
+// abandon of an operation whose outcome is unknown the downstream is asked
+// again; if it shows the effect, Decide journals that
+// (reconciliation.resolved, found) instead of the decision and returns the
+// completed record with events.ErrEffectFound.
 //
 // The decision is an append from the record it was checked against. If
 // anything else wrote first — a webhook that settled the operation, a late
@@ -127,6 +148,12 @@ func Decide(ctx context.Context, st *store.Store, key string, action events.Acti
 	}
 	if len(note) > MaxNoteBytes || !utf8.ValidString(note) {
 		return invalid(fmt.Sprintf("the note must be valid UTF-8 of at most %d bytes", MaxNoteBytes))
+	}
+	if (o.seenID != "" || len(o.seenResult) > 0) && action != events.ActionRecordSuccess {
+		return invalid("downstream_id and result go only with record_success")
+	}
+	if len(o.seenResult) > 0 && !json.Valid(o.seenResult) {
+		return invalid("result must be JSON")
 	}
 	decisions, err := o.mp.Meter(instrumentation).Int64Counter("effectline.decisions",
 		metric.WithDescription(decisionsHelp))
@@ -167,7 +194,34 @@ func Decide(ctx context.Context, st *store.Store, key string, action events.Acti
 				return op, retErr
 			}
 		}
-		d := &events.DecisionData{Action: action, Note: note, Approver: approver}
+		if err := o.gate(op, action, approver); err != nil {
+			retErr = err
+			return op, err
+		}
+		if found := o.recheck(ctx, op, action); found != nil {
+			// The effect shows now: record it, and refuse the decision that
+			// was made without knowing.
+			evs, err := buildEvents(op, now, []eventSpec{{typ: events.ReconciliationResolved, data: found}})
+			if err != nil {
+				retErr = err
+				return op, err
+			}
+			next, err := st.Append(ctx, store.Append{
+				Base: op, Events: evs, Traceparent: traceparent.FromContext(ctx), TopicPrefix: o.topicPrefix,
+			})
+			if store.IsConflict(err) {
+				continue
+			}
+			if err != nil {
+				retErr = fmt.Errorf("recording what the downstream shows for %s: %w", key, err)
+				return op, retErr
+			}
+			metrics.RecordSettled(ctx, settled, next)
+			retErr = fmt.Errorf("%w: %s was not carried out on %s, which is now recorded completed", events.ErrEffectFound, action, key)
+			return next, retErr
+		}
+		d := &events.DecisionData{Action: action, Note: note, Approver: approver,
+			DownstreamID: o.seenID, Result: o.seenResult}
 		if action == events.ActionRetry {
 			at := now.UTC()
 			d.RetryAt = &at

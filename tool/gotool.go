@@ -23,6 +23,7 @@ type GoTool struct {
 	invoke     InvokeFunc
 	compensate InvokeFunc
 	reconcile  ReconcileFunc
+	check      CheckFunc
 	idField    string
 	undoField  string
 	err        error

@@ -33,6 +33,9 @@ type Spec struct {
 	// Caps bound automatic retries; zero fields take policy's defaults.
 	Caps             policy.Caps
 	RequiresApproval bool
+	// Approval is the approval gate in full (when, approvers,
+	// not_requester); nil with RequiresApproval set is the simple form.
+	Approval *Approval
 	// AllowedPrincipals may use the tool; empty means any authenticated
 	// principal.
 	AllowedPrincipals []string
@@ -81,6 +84,11 @@ func (s *Spec) Prepare() error {
 	}
 	if s.Timeout < 0 {
 		return fmt.Errorf("tool %q: timeout must not be negative", s.Name)
+	}
+	if s.Approval != nil {
+		if err := s.Approval.prepare(); err != nil {
+			return fmt.Errorf("tool %q: %w", s.Name, err)
+		}
 	}
 	if s.DedupWindow < 0 {
 		return fmt.Errorf("tool %q: dedup_window must not be negative", s.Name)

@@ -12,6 +12,11 @@
 // A tool is either declared in the YAML tools file (an [HTTPTool]) or written
 // in Go (a [GoTool], or any type implementing [Tool]); both meet the executor
 // through the same small interfaces.
+//
+// Before every attempt the executor asks a [Checker] whether the call still
+// applies: the tools file's precondition (a request and an expect schema on
+// its answer) or a Go tool's check hook ([WithCheck]). A rejection fails the
+// operation for good and nothing is sent.
 package tool
 
 import (

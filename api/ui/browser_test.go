@@ -3,6 +3,7 @@ package ui_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"net/http"
 	"os"
 	"os/exec"
@@ -205,6 +206,46 @@ func TestUIInBrowser(t *testing.T) {
 	if html := pageHTML(); !strings.Contains(html, "Nothing is waiting for a decision") {
 		t.Fatal("the decided operation is still in the queue")
 	}
+
+	// The guards' pages. An irreversible charge of unknown outcome proposes
+	// checking the downstream (asked again as the page opens), and a retry
+	// without the confirmation ticked is not recorded.
+	const unknownKey = "order-10/charge"
+	op = inProgress(t, f.store, unknownKey, "payments.charge", events.Irreversible, secretArgs)
+	journal(t, f.store, op, unknownKey, "payments.charge", events.Irreversible,
+		ev{events.AttemptUnknown, 1, events.AttemptUnknownData{ErrorClass: "timeout_after_send", Next: events.NextReconcile}},
+		ev{events.OperationEscalated, 0, events.EscalationData{Reason: "cannot_tell", Request: json.RawMessage(`{}`),
+			ProposedAction: events.ActionRetry}})
+	must("opening the charge of unknown outcome", chromedp.Do(browserCtx, chromedp.Navigate(base+ui.OperationHref(unknownKey)),
+		chromedp.WaitVisible(chromedp.CSS(`input[name="confirm_retry"]`))))
+	if html := pageHTML(); !strings.Contains(html, "check the downstream") || !strings.Contains(html, "Asked again as this page opened") {
+		screenshot("ui-unknown-irreversible.png")
+		t.Fatal("the page of an irreversible charge of unknown outcome does not propose checking the downstream")
+	}
+	screenshot("ui-unknown-irreversible.png")
+	must("typing a note", chromedp.Do(browserCtx, chromedp.SendKeys(chromedp.CSS(`input[name="note"]`), "PSP shows nothing")))
+	_, err = chromedp.RunResponse(browserCtx, chromedp.Click(chromedp.CSS(`button[value="retry"]`)))
+	must("retrying without the confirmation", err)
+	flash, err = chromedp.Run(browserCtx, chromedp.Text(chromedp.CSS(`.flash`)))
+	must("reading the message", err)
+	if !strings.Contains(flash, "Not recorded") || load(t, f.store, unknownKey).Status != events.StatusEscalated {
+		screenshot("ui-retry-unconfirmed.png")
+		t.Fatalf("a retry without the confirmation: message %q, status %s", flash, load(t, f.store, unknownKey).Status)
+	}
+
+	// An operation in the approval gate says why it waits and what runs.
+	const gateKey = "payout-2"
+	journal(t, f.store, events.Operation{}, gateKey, "payments.charge", events.Irreversible,
+		ev{events.IntentRecorded, 0, events.IntentData{Args: json.RawMessage(secretArgs), Principal: "billing-agent"}},
+		ev{events.OperationEscalated, 0, events.EscalationData{Reason: events.ReasonApprovalRequired,
+			Request: json.RawMessage(`{}`), ProposedAction: events.ActionRetry, Approvers: 2}})
+	must("opening the approval gate", chromedp.Do(browserCtx, chromedp.Navigate(base+ui.OperationHref(gateKey)),
+		chromedp.WaitVisible(chromedp.CSS(`p.will-run`))))
+	if html := pageHTML(); !strings.Contains(html, "2 distinct approvers must decide retry") {
+		screenshot("ui-approval-gate.png")
+		t.Fatal("the approval gate's page does not say how many approvers it needs")
+	}
+	screenshot("ui-approval-gate.png")
 }
 
 // findChromium returns Debian's chromium, failing the test (not skipping

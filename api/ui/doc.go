@@ -8,6 +8,12 @@
 // are listed on the queue too; a run's page shows its steps, their
 // operations, what it waits on and why, and the run's own decision form.
 //
+// For an operation of unknown outcome the page also asks the downstream
+// (the tool's reconcile, a few seconds at most, nothing journaled) and shows
+// the answer with its time; for an irreversible one it proposes checking
+// the downstream rather than a retry, which then needs a note and a ticked
+// confirmation (guards.go).
+//
 // The HTTP API (package api) mounts the UI's Routes, public to its
 // bearer-token guard: the UI authenticates with its own cookie session
 // (session.go) and refuses, or sends to the sign-in page, whoever has none.

@@ -207,6 +207,7 @@ type uiItem struct {
 	Attempt                              int
 	Since                                string
 	Reason, ReasonText, Proposed         string
+	GateWhy                              string
 	// Workflow and WorkflowHref name the run a step's operation belongs to.
 	Workflow, WorkflowHref string
 	Decide                 *uiDecideForm
@@ -226,6 +227,9 @@ type uiDecideForm struct {
 	URL     string
 	CSRF    string
 	Buttons []uiButton
+	// CheckFirst: the proposal is to check the downstream, and a retry
+	// needs a note and a confirmation (see guardForm).
+	CheckFirst bool
 }
 
 type uiButton struct {
@@ -294,7 +298,9 @@ func (s *UI) queueItem(op events.Operation, sess uiSession) uiItem {
 	}
 	if op.Status.AwaitingDecision() {
 		it.Decide = decideForm(op, proposed, sess)
+		guardForm(it.Decide, op)
 	}
+	it.GateWhy, _ = gateText(op)
 	return it
 }
 
@@ -309,12 +315,20 @@ type uiOperationView struct {
 	Waiting                                          bool
 	Escalation                                       *uiEscalation
 	Request, Downstream, Result                      string
-	Events                                           []uiEvent
-	Decide                                           *uiDecideForm
+	// DownstreamWhen and DownstreamSource say when and in which event the
+	// downstream said what Downstream shows.
+	DownstreamWhen, DownstreamSource string
+	// AskedNow is the downstream's answer as the page was opened.
+	AskedNow *askedNow
+	Events   []uiEvent
+	Decide   *uiDecideForm
 }
 
 type uiEscalation struct {
 	Reason, ReasonText, Proposed, Detail string
+	// GateWhy and WillRun explain an approval_required wait.
+	GateWhy, WillRun string
+	CheckFirst       bool
 }
 
 type uiEvent struct {
@@ -369,7 +383,8 @@ func (s *UI) uiOperation(w http.ResponseWriter, r *http.Request) {
 	var proposed events.Action
 	if e := op.Escalation; e != nil {
 		v.Escalation = &uiEscalation{Reason: e.Reason, ReasonText: reasonText(e.Reason),
-			Proposed: string(e.ProposedAction), Detail: e.Detail}
+			Proposed: string(e.ProposedAction), Detail: e.Detail, CheckFirst: unknownIrreversible(op)}
+		v.Escalation.GateWhy, v.Escalation.WillRun = gateText(op)
 		v.Downstream = prettyJSON(e.Downstream)
 		if len(e.Request) > 0 && string(e.Request) != "null" {
 			request = e.Request
@@ -379,6 +394,7 @@ func (s *UI) uiOperation(w http.ResponseWriter, r *http.Request) {
 	v.Request = prettyJSON(request)
 	if v.Waiting {
 		v.Decide = decideForm(op, proposed, sess)
+		guardForm(v.Decide, op)
 	}
 	for _, e := range stored {
 		// Events appended after the head was read are left out, so the
@@ -393,6 +409,10 @@ func (s *UI) uiOperation(w http.ResponseWriter, r *http.Request) {
 		}
 		v.Events = append(v.Events, ev)
 	}
+	if shown, when, source := latestEvidence(v.Events); shown != "" {
+		v.Downstream, v.DownstreamWhen, v.DownstreamSource = shown, when, source
+	}
+	v.AskedNow = askDownstream(ctx, op, t, args)
 	s.render(w, r, http.StatusOK, uiOperationPage, uiPage{Title: op.Key, Session: sess,
 		Flash: takeFlash(w, r), Data: v})
 }
@@ -438,6 +458,15 @@ func (s *UI) uiDecide(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	note := strings.TrimSpace(r.PostForm.Get("note"))
+	if action == events.ActionRetry {
+		if cur, err := s.store.Load(r.Context(), key); err == nil {
+			if why := retryRefusal(cur, note, r.PostForm.Get("confirm_retry") == "yes"); why != "" {
+				setFlash(w, r, uiFlash{Kind: flashError, Text: "Not recorded: " + why + "."})
+				redirect(w, r, back)
+				return
+			}
+		}
+	}
 	op, err := s.server.Decide(r.Context(), key, action, note, sess.Principal)
 	if err != nil {
 		status, detail := s.server.Refusal(err, op)
@@ -595,6 +624,8 @@ func reasonText(reason string) string {
 		return "The tool has no reconcile request, so nobody can ask the downstream whether the effect happened."
 	case "compensation_failed":
 		return "The undo failed or its outcome is unknown, and the effect may still stand."
+	case events.ReasonApprovalRequired:
+		return "The tool needs an approver's decision before its first attempt; nothing has been sent."
 	case "":
 		return "The outcome is unknown; the reconciler is asking the downstream."
 	}

@@ -232,6 +232,7 @@ type FakeTool struct {
 	effects  []*effectRecord
 	requests []Request
 	releases int
+	orders   map[string][]byte // GET /orders/<id>, see SetOrder
 }
 
 // NewFakeTool starts a fake tool on 127.0.0.1 and shuts it down when the test
@@ -365,15 +366,18 @@ func (ft *FakeTool) Releases() int {
 
 func mustRoute(route string) {
 	switch route {
-	case RouteInvoke, RouteReconcile, RouteCompensate:
+	case RouteInvoke, RouteReconcile, RouteCompensate, RouteOrder:
 	default:
-		panic(fmt.Sprintf("testenv: unknown FakeTool route %q (want %q, %q or %q)",
-			route, RouteInvoke, RouteReconcile, RouteCompensate))
+		panic(fmt.Sprintf("testenv: unknown FakeTool route %q (want %q, %q, %q or %q)",
+			route, RouteInvoke, RouteReconcile, RouteCompensate, RouteOrder))
 	}
 }
 
 // classify maps a request to its route, or "" if it has none.
 func classify(r *http.Request) string {
+	if _, ok := orderID(r); ok {
+		return RouteOrder
+	}
 	p := path.Clean("/" + r.URL.Path)
 	if !underEffects(p) {
 		return ""
@@ -488,6 +492,9 @@ func (ft *FakeTool) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		status, resp = ft.reconcile(key)
 	case RouteCompensate:
 		status, resp = ft.release(rel, relErr, key)
+	case RouteOrder:
+		id, _ := orderID(r)
+		status, resp = ft.order(id)
 	}
 
 	// Faults that act after the effect.

@@ -39,6 +39,9 @@ type HTTPTool struct {
 	invoke     endpoint
 	compensate *endpoint
 	reconcile  *endpoint
+	// precondition is checked before every attempt; nil when the tool
+	// declares none.
+	precondition *precondition
 
 	allowedHosts map[string]bool
 	idField      string
@@ -61,6 +64,7 @@ var (
 	_ tool.Tool        = (*HTTPTool)(nil)
 	_ tool.Compensator = (*HTTPTool)(nil)
 	_ tool.Reconciler  = (*HTTPTool)(nil)
+	_ tool.Checker     = (*HTTPTool)(nil)
 )
 
 // newHTTPClient builds the client of one tool.

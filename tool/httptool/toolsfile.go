@@ -43,6 +43,34 @@ type toolEntry struct {
 	DownstreamIDField string         `yaml:"downstream_id_field"`
 	MaxResponseBytes  *int64         `yaml:"max_response_bytes"`
 	DedupWindow       string         `yaml:"dedup_window"`
+	// Precondition and Approval are the execution-time guards; see
+	// preconditionEntry and approvalEntry.
+	Precondition *preconditionEntry `yaml:"precondition"`
+	Approval     *approvalEntry     `yaml:"approval"`
+}
+
+// preconditionEntry is a tool's precondition: a request run before every
+// attempt (method, url, timeout as for reconcile; method defaults to GET)
+// and expect, a JSON Schema its 2xx body must match. In expect, a string
+// that is exactly one template action ("{{.Args.amount}}", "{{.Principal}}",
+// also .Key, .OperationKey, .DownstreamID) is replaced by that value with
+// its JSON type, so {minimum: "{{.Args.amount}}"} compares numbers. A body
+// that does not match, or a 404, fails the operation for good with
+// precondition_failed; any other answer is a retryable failure.
+type preconditionEntry struct {
+	endpointEntry `yaml:",inline"`
+	Expect        any `yaml:"expect"`
+}
+
+// approvalEntry is a tool's approval gate: when (a JSON Schema on the args;
+// absent means every call) decides whether the first attempt waits;
+// approvers (default 1) distinct approvers must decide retry; not_requester
+// (default true) refuses a decision by the principal that submitted the
+// intent. requires_approval: true is the same as approval: {}.
+type approvalEntry struct {
+	When         any   `yaml:"when"`
+	Approvers    *int  `yaml:"approvers"`
+	NotRequester *bool `yaml:"not_requester"`
 }
 
 type endpointEntry struct {
@@ -63,9 +91,11 @@ type retryEntry struct {
 var knownKeys = map[string][]string{
 	"tool": {"name", "description", "effect", "invoke", "idempotency_header", "reconcile", "compensate",
 		"retry", "args_schema", "allowed_principals", "requires_approval", "signing_secret_env",
-		"allowed_hosts", "downstream_id_field", "max_response_bytes", "dedup_window"},
-	"endpoint": {"method", "url", "timeout"},
-	"retry":    {"max_attempts", "base_delay", "max_delay", "deadline"},
+		"allowed_hosts", "downstream_id_field", "max_response_bytes", "dedup_window", "precondition", "approval"},
+	"endpoint":     {"method", "url", "timeout"},
+	"precondition": {"method", "url", "timeout", "expect"},
+	"approval":     {"when", "approvers", "not_requester"},
+	"retry":        {"max_attempts", "base_delay", "max_delay", "deadline"},
 }
 
 // inlineSecretKey matches keys that look like a secret written into the
@@ -93,7 +123,14 @@ func Load(path string, getenv func(string) string) (*tool.Registry, error) {
 // class, a compensable tool without compensate, a secret written inline, a
 // URL template that does not parse or names a host outside allowed_hosts,
 // a non-positive timeout or cap, an args_schema that does not compile, a
-// signing_secret_env whose variable is unset. Every problem is reported,
+// signing_secret_env whose variable is unset, a precondition without expect
+// or whose expect does not compile (or holds a template action that is not
+// the whole string, or names anything but .Args.<field>, .Principal, .Key,
+// .OperationKey or .DownstreamID), an approval with fewer than one approver
+// or a when that does not compile.
+//
+// The execution-time guards are two keys of a tool: precondition (see
+// preconditionEntry) and approval (see approvalEntry). Every problem is reported,
 // each as a *ConfigError naming the tool and the key, joined with
 // errors.Join.
 //
@@ -234,6 +271,9 @@ func (p *fileParser) checkKeys(name, prefix string, n *yaml.Node, shape string) 
 			p.checkKeys(name, key+".", v, "endpoint")
 		case shape == "tool" && k == "retry":
 			p.checkKeys(name, key+".", v, "retry")
+		case shape == "tool" && (k == "precondition" || k == "approval"):
+			// Not into expect or when: schemas name what they like.
+			p.checkKeys(name, key+".", v, k)
 		}
 	}
 }
@@ -300,6 +340,16 @@ func (p *fileParser) build(id string, e *toolEntry) *HTTPTool {
 	}
 	t.compensate = endpointOf("compensate", e.Compensate, "POST")
 	t.reconcile = endpointOf("reconcile", e.Reconcile, "GET")
+	if pe := e.Precondition; pe != nil {
+		if ep := endpointOf("precondition", &pe.endpointEntry, "GET"); ep != nil {
+			pre, err := parsePrecondition(*ep, pe.Expect)
+			if err != nil {
+				p.fail(id, "precondition", err.Error(), nil)
+			}
+			t.precondition = pre
+		}
+	}
+	approval := p.approval(id, e)
 	switch {
 	case effect == events.Compensable && e.Compensate == nil:
 		p.fail(id, "compensate", "required for a compensable tool", nil)
@@ -448,6 +498,7 @@ func (p *fileParser) build(id string, e *toolEntry) *HTTPTool {
 		Timeout:           t.invoke.timeout,
 		ArgsSchema:        schema,
 		DedupWindow:       dedup,
+		Approval:          approval,
 	}
 	for _, u := range urls {
 		t.spec.AddPathArgs(u.ut.pathArgs...)
@@ -458,6 +509,36 @@ func (p *fileParser) build(id string, e *toolEntry) *HTTPTool {
 	}
 	t.client = newHTTPClient()
 	return t
+}
+
+// approval reads a tool's approval key; requires_approval: true without it
+// is the simple form (every call, one approver who is not the requester).
+func (p *fileParser) approval(id string, e *toolEntry) *tool.Approval {
+	a := e.Approval
+	if a == nil {
+		return nil
+	}
+	out := &tool.Approval{Approvers: 1, NotRequester: true}
+	if a.Approvers != nil {
+		if *a.Approvers < 1 {
+			p.fail(id, "approval.approvers", fmt.Sprintf("must be at least 1, got %d", *a.Approvers), nil)
+		}
+		out.Approvers = *a.Approvers
+	}
+	if a.NotRequester != nil {
+		out.NotRequester = *a.NotRequester
+	}
+	if a.When != nil {
+		raw, err := yamlToJSON(a.When)
+		if err != nil {
+			p.fail(id, "approval.when", "cannot be expressed as JSON", err)
+		} else if err := tool.CheckSchema(raw); err != nil {
+			p.fail(id, "approval.when", "invalid JSON Schema", err)
+		} else {
+			out.When = raw
+		}
+	}
+	return out
 }
 
 // yamlToJSON turns a decoded YAML value into JSON. YAML allows mapping keys

@@ -387,8 +387,10 @@ func (a *App) buildAPI() (*api.Server, error) {
 		Tools:      a.Tools,
 		Operations: projector.NewReader(a.Pool),
 		Metrics:    a.Tel.MetricsHandler(),
+		// With the tools, decisions apply the tools' approval rules and ask
+		// the downstream again before a retry or an abandon.
 		Decider: reconciler.NewDecider(a.Store, reconciler.WithTopicPrefix(a.Kafka.TopicPrefix),
-			reconciler.WithTelemetry(a.Tel.TracerProvider(), a.Tel.MeterProvider())),
+			reconciler.WithTelemetry(a.Tel.TracerProvider(), a.Tel.MeterProvider()), reconciler.WithTools(a.Tools)),
 		Webhooks:  webhooks,
 		Workflows: a.Workflows,
 		Waits:     a.Waits,
