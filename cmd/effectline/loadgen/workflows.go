@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -56,6 +58,20 @@ func warmupWorkflowID(i int) string { return fmt.Sprintf("wfwarmup-%07d", i) }
 func RunWorkflows(ctx context.Context, bc Config, cfg app.Config, getenv func(string) string, stdout, stderr io.Writer) error {
 	if bc.N <= 0 || bc.Concurrency <= 0 || bc.Rate < 0 || bc.Warmup < 0 {
 		return ErrConfig
+	}
+	if bc.Via != "outbox" || bc.Wait {
+		return fmt.Errorf("%w (with -workflows the runs start through the workflow service: no -via http or -wait)", ErrConfig)
+	}
+	if bc.CPUProfile != "" {
+		f, err := os.Create(bc.CPUProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	if cfg.LogLevel == "" {
 		cfg.LogLevel = "error"
