@@ -75,6 +75,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs.StringVar(&bc.Via, "via", "outbox", "how intents come in: outbox (the agent's transactions) or http (POST /v1/intents)")
 	fs.BoolVar(&bc.Wait, "wait", false, "with -via http: each POST asks Prefer: wait=20 and the agent-perceived latency to its 200 is reported")
 	fs.StringVar(&bc.CPUProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
+	workflows := fs.Bool("workflows", false, "run -n three-step workflows instead of single operations (-rate in workflows per second)")
 	if err := fs.parse(args); err != nil {
 		return err
 	}
@@ -82,7 +83,11 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
-	err = loadgen.Run(ctx, bc, cfg, getenv, stdout, stderr)
+	run := loadgen.Run
+	if *workflows {
+		run = loadgen.RunWorkflows
+	}
+	err = run(ctx, bc, cfg, getenv, stdout, stderr)
 	if errors.Is(err, loadgen.ErrConfig) {
 		err = fmt.Errorf("%w: %w", errUsage, err)
 	}
