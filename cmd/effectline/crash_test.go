@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -151,8 +152,11 @@ func runCrashCell(t *testing.T, point, toolName string, class events.EffectClass
 		t.Fatalf("the executor did not die at %s: %v", point, err)
 	}
 
-	// Recovery: a fresh process with every component.
+	// Recovery: a fresh process with every component, up before anything
+	// is judged (a SIGTERM that lands before the process installed its
+	// handler would kill it, which says nothing about recovery).
 	second := start(t, "effectline (recovering)", w.env, "run", "--components", "relay,executor,projector,reconciler")
+	second.waitLine(regexp.MustCompile(`"msg":"effectline running"`), 60*time.Second)
 	want := map[events.Status]bool{events.StatusCompleted: true}
 	if class == events.Irreversible && point == executor.PointBeforeCall {
 		// The request never left, and the reconciler proves it: absent.

@@ -36,6 +36,12 @@ func main() {
 		if errors.Is(err, errHelp) {
 			return
 		}
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			// SIGTERM or Ctrl-C before start-up finished is a stop like
+			// any other: nothing had started, so nothing is left behind.
+			fmt.Fprintln(os.Stderr, "effectline: stopped before start-up finished")
+			return
+		}
 		if !errors.Is(err, errUsage) {
 			fmt.Fprintln(os.Stderr, "effectline:", err)
 		}

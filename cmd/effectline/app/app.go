@@ -73,6 +73,11 @@ func ConnectDatabase(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	pool, err := store.Connect(cctx, url)
+	if err != nil && ctx.Err() != nil {
+		// Stopped (a signal) while connecting: nothing is wrong with the
+		// server, so no advice about starting it.
+		return nil, fmt.Errorf("connecting to PostgreSQL: %w", ctx.Err())
+	}
 	if errors.Is(err, store.ErrNoDatabase) {
 		return nil, fmt.Errorf("%w\n\nThe server is running; the database %s names is missing. Create it:\n  %s\n"+
 			"or point %s at an existing database.", err, EnvDatabaseURL, createdbCommand(url), EnvDatabaseURL)
