@@ -73,6 +73,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs.StringVar(&bc.Via, "via", "outbox", "how intents come in: outbox (the agent's transactions) or http (POST /v1/intents)")
 	fs.BoolVar(&bc.Wait, "wait", false, "with -via http: each POST asks Prefer: wait=20 and the agent-perceived latency to its 200 is reported")
 	fs.StringVar(&bc.CPUProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
+	fs.StringVar(&bc.MemProfile, "memprofile", "", "soak: write a heap profile at the end of the run to this file")
 	fs.DurationVar(&bc.Duration, "duration", 0, "soak: run at -rate for this long (-n unused), printing throughput, latency, memory and table sizes every -window")
 	fs.DurationVar(&bc.Window, "window", time.Minute, "soak: the interval of its lines")
 	fs.DurationVar(&bc.Retention, "retention", 0, "the bench tool's dedup_window: settled operations are pruned to tombstones after it (0: the default 720h)")

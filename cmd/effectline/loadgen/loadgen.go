@@ -51,6 +51,7 @@ type Config struct {
 	// appends).
 	Via        string
 	CPUProfile string // a file for a CPU profile of the run, when set
+	MemProfile string // a file for a heap profile at the end of a soak, when set
 
 	// Wait makes each POST (Via "http") ask Prefer: wait and records how
 	// long the agent waited for its answer.
