@@ -201,7 +201,12 @@ func startSoakBroker(partitions int32, retention time.Duration) (*kfake.Cluster,
 	c, err := kfake.NewCluster(
 		kfake.NumBrokers(1),
 		kfake.DefaultNumPartitions(int(partitions)),
-		kfake.BrokerConfigs(map[string]string{"log.retention.ms": strconv.FormatInt(retention.Milliseconds(), 10)}),
+		// Retention drops whole segments only, and the default segment
+		// is 100 MB per partition: small segments let it drop as it goes.
+		kfake.BrokerConfigs(map[string]string{
+			"log.retention.ms":  strconv.FormatInt(retention.Milliseconds(), 10),
+			"log.segment.bytes": strconv.Itoa(1 << 20),
+		}),
 		kfake.ListenFn(func(network, address string) (net.Listener, error) {
 			_, port, err := net.SplitHostPort(address)
 			if err != nil {
