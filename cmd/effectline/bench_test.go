@@ -2,6 +2,8 @@ package main
 
 import (
 	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,5 +49,62 @@ func TestBenchWorkflowsSmoke(t *testing.T) {
 	}
 	if err := p.wait(time.Minute); err != nil {
 		t.Fatalf("bench exited with %v", err)
+	}
+}
+
+// TestBenchSoak runs the soak mode briefly with pruning on and parses its
+// window lines: one per window, each with the table sizes from the catalog
+// and the memory of the process, then a summary with no duplicate and no
+// lost operation. The soak counts completions on the outcomes topic, not
+// in operation_state, so operations pruned during the run still count:
+// with a 1s dedup_window and tombstones deleted after 1s, the last window
+// must show operations pruned (fewer live rows in operation_state than
+// operations completed).
+func TestBenchSoak(t *testing.T) {
+	t.Parallel()
+	window := regexp.MustCompile(`^soak: t=(\d+)s completed=(\d+) throughput=\d+/s p50=[\d.]+ms p99=[\d.]+ms rss=(\d+)MB heap=\d+MB` +
+		` operations=[\d.]+MB,idx=[\d.]+MB,live=\d+,dead=\d+ events=[\d.]+MB,idx=[\d.]+MB,live=\d+,dead=\d+` +
+		` outbox=[\d.]+MB,idx=[\d.]+MB,live=\d+,dead=\d+ operation_state=([\d.]+)MB,idx=[\d.]+MB,live=(\d+),dead=\d+` +
+		` tables=[\d.]+MB total=(\d+) submitted=\d+ held=\d+ duplicates=(\d+) lost=(\d+) pending=\d+$`)
+	last := regexp.MustCompile(`^soak: ops=(\d+) throughput=[\d.]+/s p50=[\d.]+ms p99=[\d.]+ms duplicates=(\d+) lost=(\d+)$`)
+	p := start(t, "bench", map[string]string{envDatabaseURL: testenv.DatabaseURL()}, "bench",
+		"-duration", "5s", "-window", "1s", "-rate", "40", "-warmup", "10", "-retention", "1s", "-tombstone-retention", "1s")
+	m := p.waitLine(last, 3*time.Minute)
+	if err := p.wait(time.Minute); err != nil {
+		t.Fatalf("bench exited with %v", err)
+	}
+	ops, _ := strconv.Atoi(m[1])
+	if ops == 0 || m[2] != "0" || m[3] != "0" {
+		t.Fatalf("soak reported ops=%s duplicates=%s lost=%s", m[1], m[2], m[3])
+	}
+	var windows [][]string
+	for _, line := range strings.Split(p.output(), "\n") {
+		if w := window.FindStringSubmatch(strings.TrimSpace(line)); w != nil {
+			windows = append(windows, w)
+		} else if strings.HasPrefix(line, "soak: t=") {
+			t.Errorf("a window line that does not parse: %q", line)
+		}
+	}
+	// Five windows of 1s, and the last one after the drain.
+	if len(windows) < 5 {
+		t.Fatalf("%d window lines, want at least 5:\n%s", len(windows), p.output())
+	}
+	sum := 0
+	for _, w := range windows {
+		n, _ := strconv.Atoi(w[2])
+		sum += n
+		if w[3] == "0" {
+			t.Errorf("window at t=%ss reports no RSS", w[1])
+		}
+		if w[7] != "0" || w[8] != "0" {
+			t.Errorf("window at t=%ss: duplicates=%s lost=%s", w[1], w[7], w[8])
+		}
+	}
+	end := windows[len(windows)-1]
+	if total, _ := strconv.Atoi(end[6]); sum != ops || total != ops {
+		t.Errorf("the windows add up to %d completions, the last says %d in total, the summary %d", sum, total, ops)
+	}
+	if live, _ := strconv.Atoi(end[5]); live >= ops {
+		t.Errorf("operation_state holds %d live rows after %d operations with a 1s dedup_window: nothing was pruned", live, ops)
 	}
 }

@@ -76,6 +76,11 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs.BoolVar(&bc.Wait, "wait", false, "with -via http: each POST asks Prefer: wait=20 and the agent-perceived latency to its 200 is reported")
 	fs.StringVar(&bc.CPUProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
 	workflows := fs.Bool("workflows", false, "run -n three-step workflows instead of single operations (-rate in workflows per second)")
+	fs.StringVar(&bc.MemProfile, "memprofile", "", "soak: write a heap profile at the end of the run to this file")
+	fs.DurationVar(&bc.Duration, "duration", 0, "soak: run at -rate for this long (-n unused), printing throughput, latency, memory and table sizes every -window")
+	fs.DurationVar(&bc.Window, "window", time.Minute, "soak: the interval of its lines")
+	fs.DurationVar(&bc.Retention, "retention", 0, "the bench tool's dedup_window: settled operations are pruned to tombstones after it (0: the default 720h)")
+	fs.DurationVar(&bc.TombstoneRetention, "tombstone-retention", 0, "with -retention: delete tombstones after this long (0: keep them)")
 	if err := fs.parse(args); err != nil {
 		return err
 	}

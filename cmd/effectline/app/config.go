@@ -105,6 +105,10 @@ type Config struct {
 	// tombstones forever.
 	Retention          time.Duration
 	TombstoneRetention time.Duration
+	// PruneInterval is how often the pruner looks for work; zero for its
+	// default (30s). No variable sets it: `effectline bench -retention`
+	// shortens it so that a short soak prunes many times.
+	PruneInterval time.Duration
 }
 
 func FromEnv(getenv func(string) string) (Config, error) {

@@ -25,7 +25,8 @@ func PruneConfig(cfg Config, tools *tool.Registry) pruner.Config {
 			}
 		}
 	}
-	return pruner.Config{Windows: windows, Default: cfg.Retention, TombstoneRetention: cfg.TombstoneRetention}
+	return pruner.Config{Windows: windows, Default: cfg.Retention, TombstoneRetention: cfg.TombstoneRetention,
+		Interval: cfg.PruneInterval}
 }
 
 func (a *App) newPruner() (*pruner.Pruner, error) {

@@ -21,12 +21,14 @@ import (
 	"os"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/effectline/effectline/cmd/effectline/app"
 	"github.com/effectline/effectline/events"
@@ -49,10 +51,21 @@ type Config struct {
 	// appends).
 	Via        string
 	CPUProfile string // a file for a CPU profile of the run, when set
+	MemProfile string // a file for a heap profile at the end of a soak, when set
 
 	// Wait makes each POST (Via "http") ask Prefer: wait and records how
 	// long the agent waited for its answer.
 	Wait bool
+
+	// Duration > 0 makes the run a soak (soak.go): intents at Rate for
+	// Duration, N unused, a line per Window.
+	Duration time.Duration
+	Window   time.Duration
+	// Retention > 0 gives the bench's tool that dedup_window, so settled
+	// operations are pruned during the run; TombstoneRetention > 0 deletes
+	// their tombstones after it.
+	Retention          time.Duration
+	TombstoneRetention time.Duration
 
 	apiBase string
 	client  *http.Client
@@ -80,11 +93,13 @@ func (s *waitStats) add(d time.Duration, status int) {
 }
 
 // ErrConfig says a Config field is out of range.
-var ErrConfig = errors.New("-n, -batch and -concurrency must be positive, -rate and -warmup not negative, -via outbox or http, -wait only with -via http")
+var ErrConfig = errors.New("-n, -batch and -concurrency must be positive, -rate and -warmup not negative, -via outbox or http, -wait only with -via http; " +
+	"-duration (a soak) needs -rate > 0, -via outbox and a positive -window; -retention and -tombstone-retention not negative")
 
 func (bc Config) check() error {
 	if bc.N <= 0 || bc.Batch <= 0 || bc.Concurrency <= 0 || bc.Rate < 0 || bc.Warmup < 0 || (bc.Via != "outbox" && bc.Via != "http") ||
-		(bc.Wait && bc.Via != "http") {
+		(bc.Wait && bc.Via != "http") || bc.Duration < 0 || bc.Retention < 0 || bc.TombstoneRetention < 0 ||
+		(bc.Duration > 0 && (bc.Rate == 0 || bc.Via != "outbox" || bc.Window <= 0)) {
 		return ErrConfig
 	}
 	return nil
@@ -130,16 +145,29 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 		return err
 	}
 	defer sink.close()
-	reg, err := httptool.Parse([]byte(sink.toolsYAML()), getenv)
+	reg, err := httptool.Parse([]byte(sink.toolsYAML(bc.Retention)), getenv)
 	if err != nil {
 		return err
 	}
+	if bc.Retention > 0 {
+		cfg.TombstoneRetention = bc.TombstoneRetention
+		cfg.PruneInterval = bc.pruneInterval()
+	}
 	if len(cfg.KafkaBrokers) == 0 {
-		cluster, err := app.StartEmbeddedBroker(cfg.Partitions)
+		var cluster *kfake.Cluster
+		closeBroker := func() { cluster.Close() }
+		if bc.Duration > 0 {
+			// Twice the longest an operation may take before it counts as
+			// lost: that bounds the embedded broker's memory and still
+			// leaves every consumer its messages.
+			cluster, closeBroker, err = startSoakBroker(cfg.Partitions, 2*soakLostAfter)
+		} else {
+			cluster, err = app.StartEmbeddedBroker(cfg.Partitions)
+		}
 		if err != nil {
 			return err
 		}
-		defer cluster.Close()
+		defer closeBroker()
 		cfg.KafkaBrokers = cluster.ListenAddrs()
 	}
 	cfg.HTTPAddr = "127.0.0.1:0"
@@ -160,6 +188,9 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 	done := make(chan error, 1)
 	go func() { done <- a.Run(runCtx) }()
 	defer func() { stop(); <-done }()
+	if bc.Duration > 0 {
+		return bc.soak(ctx, runCtx, a, sink, stdout)
+	}
 
 	// Warm up: the consumer groups join, connections open and the heap
 	// grows while the first operations run; those are not what is measured.
@@ -518,13 +549,18 @@ func createBenchDatabase(ctx context.Context, base string) (string, func(), erro
 }
 
 // benchTool is the local downstream: it answers at once, honors nothing,
-// and counts calls per key, so any duplicate execution shows as a duplicate.
+// and remembers which keys it was called with, so any duplicate execution
+// shows as a duplicate. The bench's keys are numbered, so it keeps one bit
+// per key (a soak of millions of operations needs a few hundred KB), not a
+// map entry.
 type benchTool struct {
 	url   string
 	srv   *http.Server
 	calls atomic.Int64
 	mu    sync.Mutex
-	byKey map[string]int
+	seen  map[string][]uint64 // key prefix → bitset of the numbers called
+	other map[string]int      // calls of keys that are not the bench's
+	dups  int
 }
 
 func startBenchTool() (*benchTool, error) {
@@ -532,15 +568,11 @@ func startBenchTool() (*benchTool, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &benchTool{url: "http://" + ln.Addr().String(), byKey: map[string]int{}}
+	t := &benchTool{url: "http://" + ln.Addr().String(), seen: map[string][]uint64{}, other: map[string]int{}}
 	t.srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
-		key := r.Header.Get("Idempotency-Key")
-		t.calls.Add(1)
-		t.mu.Lock()
-		t.byKey[key]++
-		n := len(t.byKey)
-		t.mu.Unlock()
+		n := t.calls.Add(1)
+		t.called(r.Header.Get("Idempotency-Key"))
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"id":"ch_%d","status":"succeeded"}`, n)
 	})}
@@ -548,34 +580,54 @@ func startBenchTool() (*benchTool, error) {
 	return t, nil
 }
 
+// called records one call with key, counting a duplicate if key was called
+// before.
+func (t *benchTool) called(key string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	cut := strings.LastIndexByte(key, '-')
+	i, err := strconv.Atoi(key[cut+1:])
+	if cut < 0 || err != nil || i < 0 {
+		if t.other[key]++; t.other[key] > 1 {
+			t.dups++
+		}
+		return
+	}
+	prefix := key[:cut]
+	bits := t.seen[prefix]
+	if w := i / 64; w >= len(bits) {
+		bits = append(bits, make([]uint64, w+1-len(bits)+len(bits)/2)...)
+	}
+	if bits[i/64]&(1<<(i%64)) != 0 {
+		t.dups++
+	}
+	bits[i/64] |= 1 << (i % 64)
+	t.seen[prefix] = bits
+}
+
 func (t *benchTool) close() { _ = t.srv.Close() }
 
-func (t *benchTool) toolsYAML() string {
+// toolsYAML is the bench's tools file; retention > 0 is the tool's
+// dedup_window.
+func (t *benchTool) toolsYAML(retention time.Duration) string {
+	window := ""
+	if retention > 0 {
+		window = "    dedup_window: " + retention.String() + "\n"
+	}
 	return `tools:
   - name: bench.charge
     effect: irreversible
     invoke: {method: POST, url: "` + t.url + `/charges", timeout: 5s}
     reconcile: {method: GET, url: "` + t.url + `/charges?idempotency_key={{.Key}}", timeout: 5s}
     retry: {max_attempts: 4, base_delay: 50ms, max_delay: 2s, deadline: 60s}
-`
+` + window
 }
 
-func (t *benchTool) effects() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	n := 0
-	for _, c := range t.byKey {
-		n += c
-	}
-	return n
-}
+// effects is how many calls the tool answered.
+func (t *benchTool) effects() int { return int(t.calls.Load()) }
 
 func (t *benchTool) duplicates() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	d := 0
-	for _, c := range t.byKey {
-		d += c - 1
-	}
-	return d
+	return t.dups
 }

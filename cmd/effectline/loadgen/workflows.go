@@ -263,8 +263,6 @@ func pctOf(sorted []time.Duration, p float64) time.Duration {
 	return sorted[min(len(sorted)-1, int(p*float64(len(sorted))))]
 }
 
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
 // runWorkflows starts bc.N workflows named by id and waits until every run
 // whose id starts with prefix has left the running states (or bc.Timeout).
 func (bc Config) runWorkflows(ctx, runCtx context.Context, a *app.App, id func(int) string, prefix string,
