@@ -116,35 +116,11 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 	if err := bc.check(); err != nil {
 		return err
 	}
-	if bc.CPUProfile != "" {
-		f, err := os.Create(bc.CPUProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
-	}
-	if cfg.LogLevel == "" {
-		cfg.LogLevel = "error"
-	}
-
-	dbURL, drop, err := createBenchDatabase(ctx, cfg.DatabaseURL)
+	cfg, sink, cleanup, err := bc.prepare(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	if !bc.Keep {
-		defer drop()
-	}
-	cfg.DatabaseURL = dbURL
-
-	sink, err := startBenchTool()
-	if err != nil {
-		return err
-	}
-	defer sink.close()
+	defer cleanup()
 	reg, err := httptool.Parse([]byte(sink.toolsYAML(bc.Retention)), getenv)
 	if err != nil {
 		return err
@@ -515,6 +491,49 @@ func progress(w io.Writer, done, total int, took time.Duration) {
 	filled := width * done / max(total, 1)
 	rate := float64(done) / max(took.Seconds(), 0.001)
 	fmt.Fprintf(w, "\r[%s%s] %d/%d operations  %.0f/s  ", strings.Repeat("=", filled), strings.Repeat(" ", width-filled), done, total, rate)
+}
+
+// prepare sets up what every bench mode runs on: the CPU profile when
+// asked, a database of the run's own beside cfg's (dropped afterwards
+// unless -keep), and the bench tool. cleanup undoes them in reverse order.
+func (bc Config) prepare(ctx context.Context, cfg app.Config) (app.Config, *benchTool, func(), error) {
+	var undo []func()
+	cleanup := func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	if bc.CPUProfile != "" {
+		f, err := os.Create(bc.CPUProfile)
+		if err != nil {
+			return cfg, nil, cleanup, err
+		}
+		undo = append(undo, func() { f.Close() })
+		if err := pprof.StartCPUProfile(f); err != nil {
+			cleanup()
+			return cfg, nil, func() {}, err
+		}
+		undo = append(undo, pprof.StopCPUProfile)
+	}
+	if cfg.LogLevel == "" {
+		cfg.LogLevel = "error"
+	}
+	dbURL, drop, err := createBenchDatabase(ctx, cfg.DatabaseURL)
+	if err != nil {
+		cleanup()
+		return cfg, nil, func() {}, err
+	}
+	if !bc.Keep {
+		undo = append(undo, drop)
+	}
+	cfg.DatabaseURL = dbURL
+	sink, err := startBenchTool()
+	if err != nil {
+		cleanup()
+		return cfg, nil, func() {}, err
+	}
+	undo = append(undo, sink.close)
+	return cfg, sink, cleanup, nil
 }
 
 // createBenchDatabase makes a fresh database beside the configured one so

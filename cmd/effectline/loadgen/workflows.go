@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -62,34 +60,11 @@ func RunWorkflows(ctx context.Context, bc Config, cfg app.Config, getenv func(st
 	if bc.Via != "outbox" || bc.Wait {
 		return fmt.Errorf("%w (with -workflows the runs start through the workflow service: no -via http or -wait)", ErrConfig)
 	}
-	if bc.CPUProfile != "" {
-		f, err := os.Create(bc.CPUProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
-	}
-	if cfg.LogLevel == "" {
-		cfg.LogLevel = "error"
-	}
-	dbURL, drop, err := createBenchDatabase(ctx, cfg.DatabaseURL)
+	cfg, sink, cleanup, err := bc.prepare(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	if !bc.Keep {
-		defer drop()
-	}
-	cfg.DatabaseURL = dbURL
-
-	sink, err := startBenchTool()
-	if err != nil {
-		return err
-	}
-	defer sink.close()
+	defer cleanup()
 	doc := []byte(sink.workflowsYAML())
 	reg, err := httptool.Parse(doc, getenv)
 	if err != nil {
