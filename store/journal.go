@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"iter"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -68,4 +69,35 @@ func journalPage(ctx context.Context, tx pgx.Tx, afterKey string, afterSeq int64
 		return nil, fmt.Errorf("reading events after %s/%d: %w", afterKey, afterSeq, interpretError(err))
 	}
 	return page, nil
+}
+
+// FirstEventTimes returns, for the operations whose key starts with prefix,
+// when each of types first occurred, by type and operation key. It scans
+// every event under the prefix: for benchmarks and reports, not for a hot
+// path.
+func (s *Store) FirstEventTimes(ctx context.Context, prefix string, types ...events.Type) (map[events.Type]map[string]time.Time, error) {
+	names := make([]string, len(types))
+	out := make(map[events.Type]map[string]time.Time, len(types))
+	for i, t := range types {
+		names[i] = string(t)
+		out[t] = map[string]time.Time{}
+	}
+	rows, err := s.pool.Query(ctx, `SELECT operation_key, type, min(occurred_at) FROM events
+		WHERE starts_with(operation_key, $1) AND type = ANY($2) GROUP BY operation_key, type`, prefix, names)
+	if err != nil {
+		return nil, fmt.Errorf("reading first event times under %q: %w", prefix, interpretError(err))
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var key, typ string
+		var at time.Time
+		if err := rows.Scan(&key, &typ, &at); err != nil {
+			return nil, fmt.Errorf("reading first event times under %q: %w", prefix, interpretError(err))
+		}
+		out[events.Type(typ)][key] = at
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading first event times under %q: %w", prefix, interpretError(err))
+	}
+	return out, nil
 }

@@ -268,3 +268,13 @@ func (s *Store) ExpireTombstones(ctx context.Context, prunedBefore time.Time, li
 	}
 	return n, nil
 }
+
+// CountTombstones counts the operations pruned to tombstones. It scans the
+// tombstones: for reports and benchmarks.
+func (s *Store) CountTombstones(ctx context.Context) (int64, error) {
+	var n int64
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM operations WHERE pruned_at IS NOT NULL`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting tombstones: %w", interpretError(err))
+	}
+	return n, nil
+}

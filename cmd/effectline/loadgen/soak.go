@@ -554,8 +554,7 @@ func (bc Config) soak(ctx, runCtx context.Context, a *app.App, sink *benchTool, 
 	_, _, completed, _, _ := f.window(time.Now())
 	lost := f.left()
 	dups := sink.duplicates() - warmupDups
-	var pruned int64
-	_ = a.Pool.QueryRow(ctx, `SELECT count(*) FROM operations WHERE pruned_at IS NOT NULL`).Scan(&pruned)
+	pruned, _ := a.Store.CountTombstones(ctx)
 	fmt.Fprintf(stdout, "soak: submitted %d (%d held back: too many in flight), completed %d in %s; %d windows; max rss %.0fMB; %d tombstones at the end; p99.9=%.1fms max=%.1fms\n",
 		submitted, f.held.Load(), completed, elapsed.Round(time.Second), windows, mb(maxRSS), pruned, ms(all.quantile(0.999)), ms(all.max))
 	fmt.Fprintf(stdout, "soak: ops=%d throughput=%.0f/s p50=%.1fms p99=%.1fms duplicates=%d lost=%d\n",

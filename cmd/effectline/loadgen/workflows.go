@@ -153,33 +153,15 @@ func RunWorkflows(ctx context.Context, bc Config, cfg app.Config, getenv func(st
 
 	// Hops, from the operations' journal: when step n's operation completed
 	// and when step n+1's first attempt started.
-	rows, err = a.Pool.Query(ctx, `SELECT operation_key, type, min(occurred_at) FROM events
-		WHERE operation_key LIKE 'wf:wfbench-%' AND type IN ($1, $2, $3) GROUP BY operation_key, type`,
-		string(events.AttemptStarted), string(events.AttemptSucceeded), string(events.ReconciliationResolved))
+	first, err := a.Store.FirstEventTimes(ctx, "wf:wfbench-", events.AttemptStarted, events.AttemptSucceeded, events.ReconciliationResolved)
 	if err != nil {
 		return err
 	}
-	startedAt, completedAt := map[string]time.Time{}, map[string]time.Time{}
-	var (
-		key, typ string
-		at       time.Time
-	)
-	for rows.Next() {
-		if err := rows.Scan(&key, &typ, &at); err != nil {
-			rows.Close()
-			return err
+	startedAt, completedAt := first[events.AttemptStarted], first[events.AttemptSucceeded]
+	for key, at := range first[events.ReconciliationResolved] {
+		if prev, ok := completedAt[key]; !ok || at.Before(prev) {
+			completedAt[key] = at
 		}
-		m := completedAt
-		if typ == string(events.AttemptStarted) {
-			m = startedAt
-		}
-		if prev, ok := m[key]; !ok || at.Before(prev) {
-			m[key] = at
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
 	}
 	var hops []time.Duration
 	for i := range bc.N {
