@@ -33,7 +33,9 @@ func (s *Spec) Redact(args json.RawMessage) json.RawMessage {
 	if err != nil {
 		return json.RawMessage(`"` + Redacted + `"`)
 	}
-	return unlessUnchanged(args, redactValue(v, s.argsDoc()))
+	changed := false
+	red := redactValue(v, s.argsDoc(), &changed)
+	return unlessUnchanged(args, red, changed)
 }
 
 // decodeJSON decodes one JSON value, numbers kept as written.
@@ -56,17 +58,16 @@ func (s *Spec) argsDoc() any {
 	return doc
 }
 
-// unlessUnchanged returns orig when red, the redacted decoding of orig,
-// holds nothing redaction changed, and red encoded otherwise. A stored
-// result that had nothing to hide keeps its bytes (its member order, its
-// spelling of numbers), so the redaction of every read path does not alter
-// what a client may compare or verify.
-func unlessUnchanged(orig []byte, red any) json.RawMessage {
-	out := encodeRedacted(red)
-	if pristine, err := decodeJSON(orig); err == nil && bytes.Equal(encodeRedacted(pristine), out) {
+// unlessUnchanged returns orig when redaction changed nothing in it, and
+// red, the redacted decoding, encoded otherwise. A stored result that had
+// nothing to hide keeps its bytes (its member order, its spelling of
+// numbers), so the redaction of every read path does not alter what a
+// client may compare or verify, and costs no second encoding.
+func unlessUnchanged(orig []byte, red any, changed bool) json.RawMessage {
+	if !changed {
 		return json.RawMessage(orig)
 	}
-	return out
+	return encodeRedacted(red)
 }
 
 // encodeRedacted encodes a redacted value without HTML escaping (the
@@ -81,7 +82,7 @@ func encodeRedacted(v any) json.RawMessage {
 	return json.RawMessage(bytes.TrimRight(buf.Bytes(), "\n"))
 }
 
-func redactValue(v any, schema any) any {
+func redactValue(v any, schema any, changed *bool) any {
 	sch, _ := schema.(map[string]any)
 	switch t := v.(type) {
 	case map[string]any:
@@ -89,16 +90,18 @@ func redactValue(v any, schema any) any {
 		for k, val := range t {
 			sub := props[k]
 			if sensitiveName.MatchString(k) || markedSensitive(sub) {
-				t[k] = Redacted
+				if val != Redacted {
+					t[k], *changed = Redacted, true
+				}
 				continue
 			}
-			t[k] = redactValue(val, sub)
+			t[k] = redactValue(val, sub, changed)
 		}
 		return t
 	case []any:
 		items := sch["items"]
 		for i, e := range t {
-			t[i] = redactValue(e, items)
+			t[i] = redactValue(e, items, changed)
 		}
 		return t
 	}
@@ -171,7 +174,9 @@ func (s *Spec) RedactEcho(args, body json.RawMessage) json.RawMessage {
 	if err != nil {
 		return json.RawMessage(`"` + Redacted + `"`)
 	}
-	return unlessUnchanged(red, replaceValues(v, values))
+	changed := false
+	out := replaceValues(v, values, &changed)
+	return unlessUnchanged(red, out, changed)
 }
 
 // sensitiveValues returns the string and number values (as written) under
@@ -218,37 +223,40 @@ func (s *Spec) sensitiveValues(args json.RawMessage) []string {
 // replaceValues replaces, in a decoded JSON document, every string or
 // number equal to one of values, and every occurrence of one inside a
 // string (object keys included).
-func replaceValues(v any, values []string) any {
-	scrub := func(s string) (string, bool) {
-		changed := false
+func replaceValues(v any, values []string, changed *bool) any {
+	scrub := func(s string) string {
 		for _, val := range values {
 			if s == val {
-				return Redacted, true
+				*changed = true
+				return Redacted
 			}
 			if strings.Contains(s, val) {
-				s, changed = strings.ReplaceAll(s, val, Redacted), true
+				s, *changed = strings.ReplaceAll(s, val, Redacted), true
 			}
 		}
-		return s, changed
+		return s
 	}
 	switch t := v.(type) {
 	case map[string]any:
 		out := make(map[string]any, len(t))
 		for k, val := range t {
-			k, _ = scrub(k)
-			out[k] = replaceValues(val, values)
+			out[scrub(k)] = replaceValues(val, values, changed)
 		}
 		return out
 	case []any:
 		for i, e := range t {
-			t[i] = replaceValues(e, values)
+			t[i] = replaceValues(e, values, changed)
 		}
 		return t
 	case string:
-		s, _ := scrub(t)
-		return s
+		return scrub(t)
 	case json.Number:
-		if s, changed := scrub(t.String()); changed {
+		before := *changed
+		*changed = false
+		s := scrub(t.String())
+		hit := *changed
+		*changed = before || hit
+		if hit {
 			return s
 		}
 		return t
