@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/internal/semconv"
 	"github.com/effectline/effectline/store"
 )
 
@@ -67,7 +68,7 @@ type decisionRequest struct {
 func (s *Server) postDecision(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	key := r.PathValue("key")
-	trace.SpanFromContext(ctx).SetAttributes(attrOperationKey.String(key))
+	trace.SpanFromContext(ctx).SetAttributes(semconv.OperationKey.String(key))
 	if checkOperationKey(key) != "" {
 		writeError(w, http.StatusNotFound, codeNotFound, "no operation with this key")
 		return

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/internal/semconv"
 	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
@@ -67,7 +68,7 @@ func (s *Server) postIntent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	span := trace.SpanFromContext(ctx)
-	span.SetAttributes(attrOperationKey.String(key), attrTool.String(name))
+	span.SetAttributes(semconv.OperationKey.String(key), semconv.Tool.String(name))
 
 	t, ok := s.tools.Get(name)
 	if !ok {
@@ -116,7 +117,7 @@ func (s *Server) postIntent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	effect := t.Spec().Effect
-	span.SetAttributes(attrEffectClass.String(string(effect)))
+	span.SetAttributes(semconv.EffectClass.String(string(effect)))
 
 	// The wait is registered before the intent is journaled, so no event
 	// of the operation can slip past it.
@@ -199,7 +200,7 @@ func (s *Server) answerExisting(ctx context.Context, w http.ResponseWriter, t to
 		s.answerTombstone(ctx, w, tomb, name, hash, principal)
 		return
 	}
-	trace.SpanFromContext(ctx).SetAttributes(attrStatus.String(string(op.Status)))
+	trace.SpanFromContext(ctx).SetAttributes(semconv.Status.String(string(op.Status)))
 	if op.Tool != name || op.PayloadHash != hash {
 		s.tel.intent(ctx, name, "conflict")
 		s.log.WarnContext(ctx, "intent rejected: operation key reused with other args",

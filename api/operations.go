@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/internal/semconv"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
 )
@@ -102,7 +103,7 @@ func (s *Server) answerUnreadable(ctx context.Context, w http.ResponseWriter, ke
 func (s *Server) getOperation(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	key := r.PathValue("key")
-	trace.SpanFromContext(ctx).SetAttributes(attrOperationKey.String(key))
+	trace.SpanFromContext(ctx).SetAttributes(semconv.OperationKey.String(key))
 	if checkOperationKey(key) != "" {
 		// No stored key is malformed, so this is a miss, not a bad request.
 		writeNoOperation(w)

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/effectline/effectline/internal/semconv"
 	"github.com/effectline/effectline/internal/testenv"
 	"github.com/effectline/effectline/internal/testenv/storedb"
 	"github.com/effectline/effectline/store"
@@ -95,7 +96,7 @@ func TestMetricsAndOpenAPIEndpoints(t *testing.T) {
 	if err := f.metrics.Collect(context.Background(), &rm); err != nil {
 		t.Fatal(err)
 	}
-	wantAttrs := attribute.NewSet(attrMethod.String("POST"), attrRoute.String("/v1/intents"), attrStatusCode.Int(202))
+	wantAttrs := attribute.NewSet(semconv.HTTPMethod.String("POST"), semconv.HTTPRoute.String("/v1/intents"), semconv.HTTPStatusCode.Int(202))
 	var counted, timed bool
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {

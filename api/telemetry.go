@@ -15,23 +15,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/internal/metrics"
+	"github.com/effectline/effectline/internal/semconv"
 )
 
 const instrumentation = "github.com/effectline/effectline/api"
-
-// Attribute keys: OTel HTTP semantic conventions for the request, and the
-// effectline.* keys the executor uses for operations, so one query finds an
-// operation's spans across components.
-var (
-	attrMethod       = attribute.Key("http.request.method")
-	attrRoute        = attribute.Key("http.route")
-	attrStatusCode   = attribute.Key("http.response.status_code")
-	attrOperationKey = attribute.Key("effectline.operation_key")
-	attrTool         = attribute.Key("effectline.tool")
-	attrEffectClass  = attribute.Key("effectline.effect_class")
-	attrPrincipal    = attribute.Key("effectline.principal")
-	attrStatus       = attribute.Key("effectline.status")
-)
 
 // traceContext is the W3C propagator. It is fixed, not the global one: the
 // traceparent an intent is stored with is part of the contract (contract §8),
@@ -72,9 +59,9 @@ func (t *telemetry) record(ctx context.Context, method, route string, status int
 	if status == 0 {
 		status = http.StatusOK
 	}
-	attrs := []attribute.KeyValue{attrMethod.String(method), attrStatusCode.Int(status)}
+	attrs := []attribute.KeyValue{semconv.HTTPMethod.String(method), semconv.HTTPStatusCode.Int(status)}
 	if route != "" {
-		attrs = append(attrs, attrRoute.String(route))
+		attrs = append(attrs, semconv.HTTPRoute.String(route))
 	}
 	set := metric.WithAttributeSet(attribute.NewSet(attrs...))
 	t.requests.Add(ctx, 1, set)
@@ -98,7 +85,7 @@ func (s *Server) instrument(method, route string, next http.Handler) http.Handle
 		ctx := traceContext.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 		ctx, span := s.tel.tracer.Start(ctx, m+" "+route,
 			trace.WithSpanKind(trace.SpanKindServer),
-			trace.WithAttributes(attrMethod.String(r.Method), attrRoute.String(route)))
+			trace.WithAttributes(semconv.HTTPMethod.String(r.Method), semconv.HTTPRoute.String(route)))
 		defer span.End()
 		ctx, cancel := context.WithTimeout(ctx, s.timeoutFor(route, r))
 		defer cancel()
@@ -120,7 +107,7 @@ func (s *Server) instrument(method, route string, next http.Handler) http.Handle
 			if status == 0 {
 				status = http.StatusOK
 			}
-			span.SetAttributes(attrStatusCode.Int(status))
+			span.SetAttributes(semconv.HTTPStatusCode.Int(status))
 			if status >= 500 {
 				span.SetStatus(codes.Error, strconv.Itoa(status))
 			}
@@ -140,7 +127,7 @@ func (s *Server) instrument(method, route string, next http.Handler) http.Handle
 }
 
 func setSpanPrincipal(ctx context.Context, name string) {
-	trace.SpanFromContext(ctx).SetAttributes(attrPrincipal.String(name))
+	trace.SpanFromContext(ctx).SetAttributes(semconv.Principal.String(name))
 }
 
 // statusRecorder remembers the status code a handler wrote.

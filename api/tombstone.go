@@ -8,6 +8,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/effectline/effectline/internal/semconv"
 	"github.com/effectline/effectline/store"
 )
 
@@ -29,7 +30,7 @@ func renderTombstone(tomb store.Tombstone) tombstoneBody {
 // never runs again), another call under the key is the conflict it always
 // was.
 func (s *Server) answerTombstone(ctx context.Context, w http.ResponseWriter, tomb store.Tombstone, name, hash, principal string) {
-	trace.SpanFromContext(ctx).SetAttributes(attrStatus.String(string(tomb.Status)))
+	trace.SpanFromContext(ctx).SetAttributes(semconv.Status.String(string(tomb.Status)))
 	if tomb.Tool != name || tomb.PayloadHash != hash {
 		s.tel.intent(ctx, name, "conflict")
 		s.log.WarnContext(ctx, "intent rejected: operation key of a pruned operation reused with other args",

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/internal/semconv"
 )
 
 // WebhookHandler verifies and applies one inbound callback from a tool
@@ -59,8 +60,6 @@ const (
 // maxSourceBytes bounds the {source} path segment. Sources are tool names,
 // which are short; a longer one cannot exist and is not worth a lookup.
 const maxSourceBytes = 256
-
-var attrWebhookSource = attribute.Key("effectline.webhook_source")
 
 func (s *Server) webhookRoutes() {
 	// Public to the bearer check: a tool authenticates with the signature
@@ -152,10 +151,10 @@ func (s *Server) postWebhook(w http.ResponseWriter, r *http.Request) {
 	default:
 		out.Status, out.Reason = webhookIgnored, res.Ignored
 	}
-	trace.SpanFromContext(ctx).SetAttributes(attrWebhookSource.String(source),
+	trace.SpanFromContext(ctx).SetAttributes(semconv.WebhookSource.String(source),
 		attribute.String("effectline.webhook_result", out.Status))
 	if res.OperationKey != "" {
-		trace.SpanFromContext(ctx).SetAttributes(attrOperationKey.String(res.OperationKey))
+		trace.SpanFromContext(ctx).SetAttributes(semconv.OperationKey.String(res.OperationKey))
 	}
 	writeJSON(w, http.StatusOK, out)
 }

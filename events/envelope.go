@@ -204,3 +204,25 @@ func dataFor(t Type) any {
 	}
 	return nil
 }
+
+// Spec is an operation's next event before it is numbered: what
+// Following turns into envelopes.
+type Spec struct {
+	Type    Type
+	Attempt int
+	Data    any
+}
+
+// Following returns specs as the events that follow op's last one,
+// numbered op.Seq+1, op.Seq+2, … in order and stamped now.
+func Following(op Operation, now time.Time, specs ...Spec) ([]Envelope, error) {
+	evs := make([]Envelope, len(specs))
+	for i, s := range specs {
+		ev, err := New(s.Type, op.Key, op.Seq+int64(i)+1, op.Tool, op.EffectClass, s.Attempt, s.Data, now)
+		if err != nil {
+			return nil, err
+		}
+		evs[i] = ev
+	}
+	return evs, nil
+}

@@ -164,7 +164,7 @@ func (e *Executor) ensureIntent(ctx context.Context, msg *kafka.Message, env eve
 		if op.PayloadHash == hash {
 			return op, true, nil
 		}
-		evs, err := e.build(op, e.cfg.Now(), eventSpec{typ: events.IntentRejected, data: &events.IntentRejectedData{
+		evs, err := events.Following(op, e.cfg.Now(), events.Spec{Type: events.IntentRejected, Data: &events.IntentRejectedData{
 			Reason: "payload_conflict", PayloadHash: hash, Principal: intent.Principal, EventID: env.EventID,
 		}})
 		if err != nil {

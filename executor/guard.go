@@ -4,17 +4,15 @@ import (
 	"context"
 	"encoding/json"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/internal/semconv"
 	"github.com/effectline/effectline/tool"
 )
 
-// attrVerdict is a check span's verdict.
-var attrVerdict = attribute.Key("effectline.check.verdict")
-
+// semconv.CheckVerdict is a check span's verdict.
 // guarded is what the execution-time check said before an attempt.
 type guarded struct {
 	// evidence is journaled with the attempt's outcome; nil when the tool
@@ -35,22 +33,22 @@ func (e *Executor) guard(ctx context.Context, op events.Operation, t tool.Tool, 
 		return guarded{}
 	}
 	ctx, span := e.tel.tracer.Start(ctx, "precondition", trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(append(opAttrs(op), attrAttempt.Int(op.Attempt))...))
+		trace.WithAttributes(append(semconv.Operation(op), semconv.Attempt.Int(op.Attempt))...))
 	defer span.End()
 	chk, ok := ck.Check(ctx, c)
 	if !ok {
-		span.SetAttributes(attrVerdict.String("none"))
+		span.SetAttributes(semconv.CheckVerdict.String("none"))
 		return guarded{}
 	}
-	span.SetAttributes(attrVerdict.String(string(chk.Verdict)))
+	span.SetAttributes(semconv.CheckVerdict.String(string(chk.Verdict)))
 	if chk.StatusCode != 0 {
-		span.SetAttributes(attrStatusCode.Int(chk.StatusCode))
+		span.SetAttributes(semconv.HTTPStatusCode.Int(chk.StatusCode))
 	}
 	if chk.Verdict == tool.Passed {
 		span.SetStatus(codes.Ok, "")
 		return guarded{evidence: chk.Evidence}
 	}
-	span.SetAttributes(attrErrorClass.String(chk.ErrorClass))
+	span.SetAttributes(semconv.ErrorClass.String(chk.ErrorClass))
 	span.SetStatus(codes.Error, chk.ErrorClass)
 	e.log.InfoContext(ctx, "the check before the attempt did not pass; nothing was sent",
 		"operation_key", op.Key, "tool", op.Tool, "attempt", op.Attempt,
@@ -60,11 +58,11 @@ func (e *Executor) guard(ctx context.Context, op events.Operation, t tool.Tool, 
 }
 
 // withEvidence puts a check's evidence on the attempt's outcome event.
-func withEvidence(s eventSpec, evidence json.RawMessage) eventSpec {
+func withEvidence(s events.Spec, evidence json.RawMessage) events.Spec {
 	if len(evidence) == 0 {
 		return s
 	}
-	switch d := s.data.(type) {
+	switch d := s.Data.(type) {
 	case *events.AttemptSucceededData:
 		d.Precondition = evidence
 	case *events.AttemptFailedData:
@@ -77,7 +75,7 @@ func withEvidence(s eventSpec, evidence json.RawMessage) eventSpec {
 
 // approvalGate is the escalation that holds a first attempt for approvers,
 // or nil when the tool's approval rule does not apply to these args.
-func approvalGate(op events.Operation, t tool.Tool) *eventSpec {
+func approvalGate(op events.Operation, t tool.Tool) *events.Spec {
 	if op.Approved || op.Attempt != 0 {
 		return nil
 	}
@@ -95,7 +93,7 @@ func approvalGate(op events.Operation, t tool.Tool) *eventSpec {
 			detail = "these args match the tool's approval rule, so distinct approvers decide before it runs"
 		}
 	}
-	return &eventSpec{typ: events.OperationEscalated, data: &events.EscalationData{
+	return &events.Spec{Type: events.OperationEscalated, Data: &events.EscalationData{
 		Reason:         events.ReasonApprovalRequired,
 		Request:        requestEvidence(op, t),
 		ProposedAction: events.ActionRetry,

@@ -52,14 +52,14 @@ func (e *Executor) runAttempt(ctx context.Context, span trace.Span, op events.Op
 
 // outcomeSpec turns a classified result into the outcome event, deciding the
 // next step per effect class (contract §2).
-func outcomeSpec(op events.Operation, res tool.Result, caps policy.Caps, now time.Time, rnd func() float64) eventSpec {
+func outcomeSpec(op events.Operation, res tool.Result, caps policy.Caps, now time.Time, rnd func() float64) events.Spec {
 	first := now
 	if op.FirstAttemptAt != nil {
 		first = *op.FirstAttemptAt
 	}
 	switch res.Outcome {
 	case events.Succeeded:
-		return eventSpec{typ: events.AttemptSucceeded, attempt: op.Attempt, data: &events.AttemptSucceededData{
+		return events.Spec{Type: events.AttemptSucceeded, Attempt: op.Attempt, Data: &events.AttemptSucceededData{
 			StatusCode: res.StatusCode, Result: res.Body, DownstreamID: res.DownstreamID, UndoRef: res.UndoRef,
 		}}
 	case events.Failed:
@@ -67,14 +67,14 @@ func outcomeSpec(op events.Operation, res tool.Result, caps policy.Caps, now tim
 		return attemptFailed(op, res, retryAt)
 	default:
 		next, retryAt := policy.AfterUnknown(op.EffectClass, caps, op.Attempt, first, now, res.RetryAfter, rnd)
-		return eventSpec{typ: events.AttemptUnknown, attempt: op.Attempt, data: &events.AttemptUnknownData{
+		return events.Spec{Type: events.AttemptUnknown, Attempt: op.Attempt, Data: &events.AttemptUnknownData{
 			ErrorClass: orDefault(res.ErrorClass, "unknown"), Error: errText(res.Err), StatusCode: res.StatusCode,
 			Next: next, RetryAt: retryAt,
 		}}
 	}
 }
 
-func attemptFailed(op events.Operation, res tool.Result, retryAt *time.Time) eventSpec {
+func attemptFailed(op events.Operation, res tool.Result, retryAt *time.Time) events.Spec {
 	kind := res.Kind
 	if kind == "" {
 		kind = events.Final
@@ -82,7 +82,7 @@ func attemptFailed(op events.Operation, res tool.Result, retryAt *time.Time) eve
 	if kind == events.Final {
 		retryAt = nil
 	}
-	return eventSpec{typ: events.AttemptFailed, attempt: max(op.Attempt, 1), data: &events.AttemptFailedData{
+	return events.Spec{Type: events.AttemptFailed, Attempt: max(op.Attempt, 1), Data: &events.AttemptFailedData{
 		Kind: kind, ErrorClass: orDefault(res.ErrorClass, "failed"), Error: errText(res.Err),
 		StatusCode: res.StatusCode, RetryAt: retryAt, Response: res.Body,
 	}}
@@ -95,13 +95,13 @@ func (e *Executor) runCompensation(ctx context.Context, span trace.Span, op even
 	res := t.(tool.Compensator).Compensate(ctx, tool.CallOf(op))
 	stop()
 	now := e.cfg.Now()
-	var spec eventSpec
+	var spec events.Spec
 	if res.Outcome == events.Succeeded {
 		first := now
 		if op.FirstAttemptAt != nil {
 			first = *op.FirstAttemptAt
 		}
-		spec = eventSpec{typ: events.CompensationSucceeded, attempt: op.Attempt, data: &events.CompensationSucceededData{
+		spec = events.Spec{Type: events.CompensationSucceeded, Attempt: op.Attempt, Data: &events.CompensationSucceededData{
 			StatusCode: res.StatusCode,
 			RetryAt:    policy.AfterCompensation(t.Spec().Caps, op.Attempt, first, now, e.cfg.Rand),
 		}}
@@ -113,12 +113,12 @@ func (e *Executor) runCompensation(ctx context.Context, span trace.Span, op even
 	e.afterOutcome(ctx, next)
 }
 
-func compensationFailed(op events.Operation, res tool.Result) eventSpec {
+func compensationFailed(op events.Operation, res tool.Result) events.Spec {
 	outcome := res.Outcome
 	if outcome != events.Failed {
 		outcome = events.Unknown
 	}
-	return eventSpec{typ: events.CompensationFailed, attempt: max(op.Attempt, 1), data: &events.CompensationFailedData{
+	return events.Spec{Type: events.CompensationFailed, Attempt: max(op.Attempt, 1), Data: &events.CompensationFailedData{
 		Outcome: outcome, ErrorClass: orDefault(res.ErrorClass, "compensation_failed"),
 		Error: errText(res.Err), StatusCode: res.StatusCode,
 	}}
@@ -131,14 +131,14 @@ func compensationFailed(op events.Operation, res tool.Result) eventSpec {
 // let it overwrite a newer attempt, but an effect that happened is never
 // dropped. Journaling outlives the call's context: the effect already
 // happened or not, and the journal must say so.
-func (e *Executor) record(ctx context.Context, claimed events.Operation, spec eventSpec) events.Operation {
+func (e *Executor) record(ctx context.Context, claimed events.Operation, spec events.Spec) events.Operation {
 	ctx = context.WithoutCancel(ctx)
 	base := claimed
 	backoff := 50 * time.Millisecond
 	deadline := e.cfg.Now().Add(10 * time.Minute)
 	for {
 		now := e.cfg.Now()
-		evs, err := e.build(base, now, spec)
+		evs, err := events.Following(base, now, spec)
 		if err == nil {
 			var next events.Operation
 			next, err = e.committer.Append(ctx, store.Append{
@@ -156,7 +156,7 @@ func (e *Executor) record(ctx context.Context, claimed events.Operation, spec ev
 				// tool's dedup window: the journal that could keep the
 				// outcome as evidence is gone.
 				e.log.ErrorContext(ctx, "outcome of a pruned operation could not be journaled", "operation_key", claimed.Key,
-					"event_type", spec.typ, "attempt", spec.attempt)
+					"event_type", spec.Type, "attempt", spec.Attempt)
 				return base
 			}
 			if lerr != nil {
@@ -170,12 +170,12 @@ func (e *Executor) record(ctx context.Context, claimed events.Operation, spec ev
 			// The newer state does not accept even evidence of this kind;
 			// keep the outcome in the log rather than lose it silently.
 			e.log.ErrorContext(ctx, "outcome could not be journaled", "operation_key", claimed.Key,
-				"event_type", spec.typ, "attempt", spec.attempt, "error", err)
+				"event_type", spec.Type, "attempt", spec.Attempt, "error", err)
 			return base
 		}
 		if e.cfg.Now().After(deadline) {
 			e.log.ErrorContext(ctx, "giving up journaling an outcome; the lease sweep will reconcile it",
-				"operation_key", claimed.Key, "event_type", spec.typ, "error", err)
+				"operation_key", claimed.Key, "event_type", spec.Type, "error", err)
 			return base
 		}
 		e.log.WarnContext(ctx, "journaling an outcome failed, retrying", "operation_key", claimed.Key, "error", err)
@@ -186,24 +186,24 @@ func (e *Executor) record(ctx context.Context, claimed events.Operation, spec ev
 
 // asLate marks an outcome as reported by a worker that lost its lease, and
 // strips the scheduling decision it carried: the newer state decides.
-func asLate(s eventSpec) eventSpec {
-	switch d := s.data.(type) {
+func asLate(s events.Spec) events.Spec {
+	switch d := s.Data.(type) {
 	case *events.AttemptSucceededData:
 		c := *d
 		c.Late = true
-		s.data = &c
+		s.Data = &c
 	case *events.AttemptFailedData:
 		c := *d
 		c.Late, c.RetryAt = true, nil
-		s.data = &c
+		s.Data = &c
 	case *events.AttemptUnknownData:
 		c := *d
 		c.Late, c.RetryAt, c.Next = true, nil, events.NextReconcile
-		s.data = &c
+		s.Data = &c
 	case *events.CompensationSucceededData:
 		c := *d
 		c.RetryAt = nil
-		s.data = &c
+		s.Data = &c
 	}
 	return s
 }

@@ -58,7 +58,7 @@ func (e *Executor) plan(op events.Operation, now time.Time, immediate bool) (ste
 					Err: fmt.Errorf("tool %q has no compensation", op.Tool)}))
 		}
 		claim := startCompensation(op, e.cfg.Worker, now, now.Add(e.cfg.Lease))
-		evs, err := e.build(op, now, claim)
+		evs, err := events.Following(op, now, claim)
 		return step{kind: stepCompensate, events: evs, tool: t, rule: "compensable: undo before retry"}, err
 	}
 
@@ -92,7 +92,7 @@ func (e *Executor) plan(op events.Operation, now time.Time, immediate bool) (ste
 		return e.journal(op, now, "requires approval before the first attempt", *gate)
 	}
 	claim := startAttempt(op, e.cfg.Worker, now, now.Add(e.cfg.Lease))
-	evs, err := e.build(op, now, claim)
+	evs, err := events.Following(op, now, claim)
 	return step{kind: stepAttempt, events: evs, tool: t, rule: ruleFor(op)}, err
 }
 
@@ -107,36 +107,17 @@ func ruleFor(op events.Operation) string {
 	}
 }
 
-func (e *Executor) journal(op events.Operation, now time.Time, rule string, specs ...eventSpec) (step, error) {
-	evs, err := e.build(op, now, specs...)
+func (e *Executor) journal(op events.Operation, now time.Time, rule string, specs ...events.Spec) (step, error) {
+	evs, err := events.Following(op, now, specs...)
 	return step{kind: stepJournal, events: evs, rule: rule}, err
 }
 
-// eventSpec is an event before it has a seq and an id.
-type eventSpec struct {
-	typ     events.Type
-	attempt int
-	data    any
-}
-
-func (e *Executor) build(op events.Operation, now time.Time, specs ...eventSpec) ([]events.Envelope, error) {
-	evs := make([]events.Envelope, len(specs))
-	for i, s := range specs {
-		ev, err := events.New(s.typ, op.Key, op.Seq+int64(i)+1, op.Tool, op.EffectClass, s.attempt, s.data, now)
-		if err != nil {
-			return nil, err
-		}
-		evs[i] = ev
-	}
-	return evs, nil
-}
-
-func startAttempt(op events.Operation, worker string, now, leaseUntil time.Time) eventSpec {
+func startAttempt(op events.Operation, worker string, now, leaseUntil time.Time) events.Spec {
 	var waited int64
 	if op.LastOutcomeAt != nil {
 		waited = now.Sub(*op.LastOutcomeAt).Milliseconds()
 	}
-	return eventSpec{typ: events.AttemptStarted, attempt: op.Attempt + 1, data: &events.AttemptStartedData{
+	return events.Spec{Type: events.AttemptStarted, Attempt: op.Attempt + 1, Data: &events.AttemptStartedData{
 		DownstreamKey:   events.DownstreamKeyFor(op.Key, op.Compensations),
 		Worker:          worker,
 		LeaseUntil:      leaseUntil.UTC(),
@@ -144,8 +125,8 @@ func startAttempt(op events.Operation, worker string, now, leaseUntil time.Time)
 	}}
 }
 
-func startCompensation(op events.Operation, worker string, now, leaseUntil time.Time) eventSpec {
-	return eventSpec{typ: events.CompensationStarted, attempt: op.Attempt, data: &events.CompensationStartedData{
+func startCompensation(op events.Operation, worker string, now, leaseUntil time.Time) events.Spec {
+	return events.Spec{Type: events.CompensationStarted, Attempt: op.Attempt, Data: &events.CompensationStartedData{
 		DownstreamKey: op.DownstreamKey,
 		DownstreamID:  op.DownstreamID,
 		Worker:        worker,

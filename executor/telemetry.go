@@ -11,25 +11,12 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/metrics"
+	"github.com/effectline/effectline/internal/semconv"
 	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/tool"
 )
 
 const instrumentation = "github.com/effectline/effectline/executor"
-
-// Span attribute keys (contract §8).
-var (
-	attrOperationKey = attribute.Key("effectline.operation_key")
-	attrTool         = attribute.Key("effectline.tool")
-	attrEffectClass  = attribute.Key("effectline.effect_class")
-	attrAttempt      = attribute.Key("effectline.attempt")
-	attrOutcome      = attribute.Key("effectline.outcome")
-	attrErrorClass   = attribute.Key("effectline.error_class")
-	attrBackoff      = attribute.Key("effectline.backoff_waited_ms")
-	attrRule         = attribute.Key("effectline.rule")
-	attrDownKey      = attribute.Key("effectline.downstream_key")
-	attrStatusCode   = attribute.Key("http.response.status_code")
-)
 
 type telemetry struct {
 	tracer    trace.Tracer
@@ -71,13 +58,6 @@ func newTelemetry(base service.Base) (*telemetry, error) {
 	return t, nil
 }
 
-func opAttrs(op events.Operation) []attribute.KeyValue {
-	return []attribute.KeyValue{
-		attrOperationKey.String(op.Key), attrTool.String(op.Tool),
-		attrEffectClass.String(string(op.EffectClass)),
-	}
-}
-
 // startStep opens the span of one attempt or compensation: a child of the
 // operation's trace, ended when its outcome is journaled.
 func (t *telemetry) startStep(ctx context.Context, op events.Operation, st step) (context.Context, trace.Span) {
@@ -85,13 +65,13 @@ func (t *telemetry) startStep(ctx context.Context, op events.Operation, st step)
 	if st.kind == stepCompensate {
 		name = "compensation"
 	}
-	attrs := append(opAttrs(op), attrAttempt.Int(st.events[0].Attempt), attrRule.String(st.rule))
+	attrs := append(semconv.Operation(op), semconv.Attempt.Int(st.events[0].Attempt), semconv.Rule.String(st.rule))
 	if d, err := st.events[0].DecodeData(); err == nil {
 		switch d := d.(type) {
 		case *events.AttemptStartedData:
-			attrs = append(attrs, attrBackoff.Int64(d.BackoffWaitedMS), attrDownKey.String(d.DownstreamKey))
+			attrs = append(attrs, semconv.BackoffWaited.Int64(d.BackoffWaitedMS), semconv.DownstreamKey.String(d.DownstreamKey))
 		case *events.CompensationStartedData:
-			attrs = append(attrs, attrDownKey.String(d.DownstreamKey))
+			attrs = append(attrs, semconv.DownstreamKey.String(d.DownstreamKey))
 		}
 	}
 	return t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
@@ -99,9 +79,9 @@ func (t *telemetry) startStep(ctx context.Context, op events.Operation, st step)
 
 func (t *telemetry) endAttempt(ctx context.Context, span trace.Span, op events.Operation, res tool.Result, took time.Duration) {
 	outcome := string(res.Outcome)
-	span.SetAttributes(attrOutcome.String(outcome), attrErrorClass.String(res.ErrorClass))
+	span.SetAttributes(semconv.Outcome.String(outcome), semconv.ErrorClass.String(res.ErrorClass))
 	if res.StatusCode != 0 {
-		span.SetAttributes(attrStatusCode.Int(res.StatusCode))
+		span.SetAttributes(semconv.HTTPStatusCode.Int(res.StatusCode))
 	}
 	switch res.Outcome {
 	case events.Succeeded:

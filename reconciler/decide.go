@@ -15,6 +15,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/metrics"
+	"github.com/effectline/effectline/internal/semconv"
 	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/store"
 )
@@ -169,7 +170,7 @@ func Decide(ctx context.Context, st *store.Store, key string, action events.Acti
 		ctx = traceparent.ContextWith(ctx, tp)
 	}
 	ctx, span := o.tp.Tracer(instrumentation).Start(ctx, "decision", trace.WithSpanKind(trace.SpanKindInternal),
-		trace.WithAttributes(attrOperationKey.String(key), attrAction.String(string(action)), attrApprover.String(approver)))
+		trace.WithAttributes(semconv.OperationKey.String(key), semconv.DecisionAction.String(string(action)), semconv.Approver.String(approver)))
 	var retErr error
 	defer func() { endSpan(span, retErr) }()
 
@@ -179,7 +180,7 @@ func Decide(ctx context.Context, st *store.Store, key string, action events.Acti
 			retErr = err
 			return events.Operation{}, err
 		}
-		span.SetAttributes(attrTool.String(op.Tool), attrEffectClass.String(string(op.EffectClass)), attrAttempt.Int(op.Attempt))
+		span.SetAttributes(semconv.Tool.String(op.Tool), semconv.EffectClass.String(string(op.EffectClass)), semconv.Attempt.Int(op.Attempt))
 		if !op.Status.AwaitingDecision() {
 			retErr = &NotWaitingError{OperationKey: key, Status: op.Status}
 			return op, retErr
@@ -201,7 +202,7 @@ func Decide(ctx context.Context, st *store.Store, key string, action events.Acti
 		if found := o.recheck(ctx, op, action); found != nil {
 			// The effect shows now: record it, and refuse the decision that
 			// was made without knowing.
-			evs, err := buildEvents(op, now, []eventSpec{{typ: events.ReconciliationResolved, data: found}})
+			evs, err := events.Following(op, now, events.Spec{Type: events.ReconciliationResolved, Data: found})
 			if err != nil {
 				retErr = err
 				return op, err
@@ -226,7 +227,7 @@ func Decide(ctx context.Context, st *store.Store, key string, action events.Acti
 			at := now.UTC()
 			d.RetryAt = &at
 		}
-		evs, err := buildEvents(op, now, []eventSpec{{typ: events.DecisionRecorded, data: d}})
+		evs, err := events.Following(op, now, events.Spec{Type: events.DecisionRecorded, Data: d})
 		if err != nil {
 			retErr = err
 			return op, err

@@ -32,18 +32,11 @@ const SourceReconcile = "reconcile"
 // answerCannotAsk extends tool.Answer for a tool nobody can ask.
 const answerCannotAsk tool.Answer = "cannot_ask"
 
-// eventSpec is an event before it has a seq and an id.
-type eventSpec struct {
-	typ     events.Type
-	attempt int
-	data    any
-}
-
 // verdict is what one answer means for an operation.
 type verdict struct {
 	// reask: no events; ask again after a backoff.
 	reask bool
-	specs []eventSpec
+	specs []events.Spec
 	// escalation is set when specs escalate, for the span and the metric.
 	escalation *events.EscalationData
 	// rule names the rule that applied, for the log and the trace.
@@ -111,11 +104,11 @@ func planAttempt(op events.Operation, spec *tool.Spec, ans tool.Reconciliation, 
 	switch ans.Answer {
 	case tool.Found:
 		ans.Body = downstreamBody(op, spec, ans.Body)
-		return verdict{rule: "found: record success", specs: []eventSpec{resolved(op, ans, true, nil)}}
+		return verdict{rule: "found: record success", specs: []events.Spec{resolved(op, ans, true, nil)}}
 	case tool.Absent:
 		if retryAllowed(op, spec, now) {
 			return verdict{rule: "absent: retry within the caps (" + string(op.EffectClass) + ")",
-				specs: []eventSpec{resolved(op, ans, false, &now)}}
+				specs: []events.Spec{resolved(op, ans, false, &now)}}
 		}
 		esc := &events.EscalationData{
 			Reason:         ReasonAbsentDownstream,
@@ -125,7 +118,7 @@ func planAttempt(op events.Operation, spec *tool.Spec, ans tool.Reconciliation, 
 			Detail:         absentDetail(op, spec),
 		}
 		return verdict{rule: "absent: escalate", escalation: esc,
-			specs: []eventSpec{resolved(op, ans, false, nil), escalated(esc)}}
+			specs: []events.Spec{resolved(op, ans, false, nil), escalated(esc)}}
 	}
 	action, detail := proposeUnknown(op, ans)
 	esc := &events.EscalationData{
@@ -138,7 +131,7 @@ func planAttempt(op events.Operation, spec *tool.Spec, ans tool.Reconciliation, 
 	if ans.Answer == answerCannotAsk {
 		esc.Reason = ReasonCannotAsk
 	}
-	return verdict{rule: esc.Reason + ": escalate", escalation: esc, specs: []eventSpec{escalated(esc)}}
+	return verdict{rule: esc.Reason + ": escalate", escalation: esc, specs: []events.Spec{escalated(esc)}}
 }
 
 func planCompensation(op events.Operation, spec *tool.Spec, ans tool.Reconciliation, asks int, now time.Time) verdict {
@@ -156,7 +149,7 @@ func planCompensation(op events.Operation, spec *tool.Spec, ans tool.Reconciliat
 	case tool.Absent:
 		if retryAllowed(op, spec, now) {
 			if ev := resolved(op, ans, false, &now); retryNeedsNewKey(op, ev, now) {
-				return verdict{rule: "undo unconfirmed, effect absent: retry under a new key", specs: []eventSpec{ev}}
+				return verdict{rule: "undo unconfirmed, effect absent: retry under a new key", specs: []events.Spec{ev}}
 			}
 		}
 		esc.Reason = ReasonAbsentDownstream
@@ -173,7 +166,7 @@ func planCompensation(op events.Operation, spec *tool.Spec, ans tool.Reconciliat
 			"effect for key %s still stands. Compensate runs the undo again, which succeeds whether or not the effect exists.",
 			op.Attempt, orDefault(op.LastErrorClass, "unknown"), op.DownstreamKey)
 	}
-	return verdict{rule: esc.Reason + " after a failed undo: escalate", escalation: esc, specs: []eventSpec{escalated(esc)}}
+	return verdict{rule: esc.Reason + " after a failed undo: escalate", escalation: esc, specs: []events.Spec{escalated(esc)}}
 }
 
 // retryAllowed reports whether the class and the caps allow another
@@ -193,12 +186,12 @@ func retryAllowed(op events.Operation, spec *tool.Spec, now time.Time) bool {
 // retryNeedsNewKey reports whether the resolution ev, applied to op, would
 // send the next attempt under a downstream key other than the one whose undo
 // may have run.
-func retryNeedsNewKey(op events.Operation, ev eventSpec, now time.Time) bool {
-	env, err := events.New(ev.typ, op.Key, op.Seq+1, op.Tool, op.EffectClass, ev.attempt, ev.data, now)
+func retryNeedsNewKey(op events.Operation, ev events.Spec, now time.Time) bool {
+	evs, err := events.Following(op, now, ev)
 	if err != nil {
 		return false
 	}
-	next, err := events.Apply(op, env)
+	next, err := events.Apply(op, evs[0])
 	if err != nil {
 		return false
 	}
@@ -258,7 +251,7 @@ func absentDetail(op events.Operation, spec *tool.Spec) string {
 		"Retry grants one more attempt.", op.DownstreamKey, op.Attempt)
 }
 
-func resolved(op events.Operation, ans tool.Reconciliation, found bool, retryAt *time.Time) eventSpec {
+func resolved(op events.Operation, ans tool.Reconciliation, found bool, retryAt *time.Time) events.Spec {
 	d := &events.ReconciliationResolvedData{Found: found, Source: SourceReconcile}
 	if found {
 		d.Result = validJSON(ans.Body)
@@ -268,24 +261,11 @@ func resolved(op events.Operation, ans tool.Reconciliation, found bool, retryAt 
 		t := retryAt.UTC()
 		d.RetryAt = &t
 	}
-	return eventSpec{typ: events.ReconciliationResolved, data: d}
+	return events.Spec{Type: events.ReconciliationResolved, Data: d}
 }
 
-func escalated(esc *events.EscalationData) eventSpec {
-	return eventSpec{typ: events.OperationEscalated, data: esc}
-}
-
-// buildEvents turns specs into envelopes numbered after op.
-func buildEvents(op events.Operation, now time.Time, specs []eventSpec) ([]events.Envelope, error) {
-	evs := make([]events.Envelope, len(specs))
-	for i, s := range specs {
-		ev, err := events.New(s.typ, op.Key, op.Seq+int64(i)+1, op.Tool, op.EffectClass, s.attempt, s.data, now)
-		if err != nil {
-			return nil, err
-		}
-		evs[i] = ev
-	}
-	return evs, nil
+func escalated(esc *events.EscalationData) events.Spec {
+	return events.Spec{Type: events.OperationEscalated, Data: esc}
 }
 
 // validJSON returns b if it is a JSON value, else b as a JSON string (nil

@@ -149,7 +149,7 @@ func TestPlan(t *testing.T) {
 				}
 				return
 			}
-			evs, err := buildEvents(tt.op, now, v.specs)
+			evs, err := events.Following(tt.op, now, v.specs...)
 			if err != nil {
 				t.Fatal(err)
 			}

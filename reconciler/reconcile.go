@@ -10,6 +10,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/metrics"
+	"github.com/effectline/effectline/internal/semconv"
 	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
@@ -80,7 +81,7 @@ func (r *Reconciler) reconcileJob(ctx context.Context, key, tp string, asks int)
 		if !ok {
 			// This tool has its share of workers busy (a slow downstream):
 			// leave the worker to other tools and come back shortly.
-			span.SetAttributes(attrAnswer.String("deferred"))
+			span.SetAttributes(semconv.ReconcileAnswer.String("deferred"))
 			return asks, r.cfg.AskBackoff.Base
 		}
 		askCtx, cancel := context.WithTimeout(spanCtx, r.cfg.AskTimeout)
@@ -116,7 +117,7 @@ func (r *Reconciler) reconcileJob(ctx context.Context, key, tp string, asks int)
 				"tool", op.Tool, "asks", asked, "max_asks", r.cfg.MaxAsks, "error_class", ans.ErrorClass)
 			return asked, r.askBackoff(asked)
 		}
-		evs, err := buildEvents(op, now, v.specs)
+		evs, err := events.Following(op, now, v.specs...)
 		if err != nil {
 			r.log.ErrorContext(ctx, "reconcile: building events failed", "operation_key", op.Key, "error", err)
 			return 0, 0

@@ -175,9 +175,9 @@ func (r *Reconciler) expireLease(ctx context.Context, key string) (bool, error) 
 			caps = t.Spec().Caps
 		}
 		why := fmt.Sprintf("worker %q stopped renewing its lease", op.LeaseOwner)
-		var spec eventSpec
+		var spec events.Spec
 		if op.Phase == events.PhaseCompensation {
-			spec = eventSpec{typ: events.CompensationFailed, attempt: op.Attempt, data: &events.CompensationFailedData{
+			spec = events.Spec{Type: events.CompensationFailed, Attempt: op.Attempt, Data: &events.CompensationFailedData{
 				Outcome: events.Unknown, ErrorClass: "lease_expired", Error: why,
 			}}
 		} else {
@@ -186,11 +186,11 @@ func (r *Reconciler) expireLease(ctx context.Context, key string) (bool, error) 
 				first = *op.FirstAttemptAt
 			}
 			next, retryAt := policy.AfterUnknown(op.EffectClass, caps, op.Attempt, first, now, 0, r.cfg.Rand)
-			spec = eventSpec{typ: events.AttemptUnknown, attempt: op.Attempt, data: &events.AttemptUnknownData{
+			spec = events.Spec{Type: events.AttemptUnknown, Attempt: op.Attempt, Data: &events.AttemptUnknownData{
 				ErrorClass: "lease_expired", Error: why, Next: next, RetryAt: retryAt,
 			}}
 		}
-		evs, err := buildEvents(op, now, []eventSpec{spec})
+		evs, err := events.Following(op, now, spec)
 		if err != nil {
 			return false, err
 		}

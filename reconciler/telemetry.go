@@ -10,6 +10,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/metrics"
+	"github.com/effectline/effectline/internal/semconv"
 	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/tool"
 )
@@ -17,23 +18,6 @@ import (
 const instrumentation = "github.com/effectline/effectline/reconciler"
 
 const decisionsHelp = "Approver decisions recorded, by tool and action."
-
-// Span attribute keys (contract §8).
-var (
-	attrOperationKey = attribute.Key("effectline.operation_key")
-	attrTool         = attribute.Key("effectline.tool")
-	attrEffectClass  = attribute.Key("effectline.effect_class")
-	attrAttempt      = attribute.Key("effectline.attempt")
-	attrAnswer       = attribute.Key("effectline.reconcile_answer")
-	attrAsks         = attribute.Key("effectline.reconcile_asks")
-	attrErrorClass   = attribute.Key("effectline.error_class")
-	attrReason       = attribute.Key("effectline.escalation_reason")
-	attrProposed     = attribute.Key("effectline.proposed_action")
-	attrAction       = attribute.Key("effectline.decision_action")
-	attrApprover     = attribute.Key("effectline.approver")
-	attrSource       = attribute.Key("effectline.webhook_source")
-	attrPhase        = attribute.Key("effectline.phase")
-)
 
 type telemetry struct {
 	tracer          trace.Tracer
@@ -67,23 +51,20 @@ func newTelemetry(base service.Base) (*telemetry, error) {
 }
 
 func opAttrs(op events.Operation) []attribute.KeyValue {
-	return []attribute.KeyValue{
-		attrOperationKey.String(op.Key), attrTool.String(op.Tool),
-		attrEffectClass.String(string(op.EffectClass)), attrAttempt.Int(op.Attempt),
-	}
+	return append(semconv.Operation(op), semconv.Attempt.Int(op.Attempt))
 }
 
 // startReconciliation opens the span of one ask: a client call to the
 // downstream, in the operation's trace.
 func (t *telemetry) startReconciliation(ctx context.Context, op events.Operation) (context.Context, trace.Span) {
 	return t.tracer.Start(ctx, "reconciliation", trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(append(opAttrs(op), attrPhase.String(string(op.Phase)))...))
+		trace.WithAttributes(append(opAttrs(op), semconv.Phase.String(string(op.Phase)))...))
 }
 
 func (t *telemetry) reconciled(ctx context.Context, span trace.Span, op events.Operation, ans tool.Reconciliation, asks int) {
-	span.SetAttributes(attrAnswer.String(string(ans.Answer)), attrAsks.Int(asks))
+	span.SetAttributes(semconv.ReconcileAnswer.String(string(ans.Answer)), semconv.ReconcileAsks.Int(asks))
 	if ans.ErrorClass != "" {
-		span.SetAttributes(attrErrorClass.String(ans.ErrorClass))
+		span.SetAttributes(semconv.ErrorClass.String(ans.ErrorClass))
 	}
 	if ans.Answer != tool.Found && ans.Answer != tool.Absent {
 		span.SetStatus(codes.Error, string(ans.Answer))
@@ -94,8 +75,8 @@ func (t *telemetry) reconciled(ctx context.Context, span trace.Span, op events.O
 
 func (t *telemetry) startEscalation(ctx context.Context, op events.Operation, esc *events.EscalationData) (context.Context, trace.Span) {
 	return t.tracer.Start(ctx, "escalation", trace.WithSpanKind(trace.SpanKindInternal),
-		trace.WithAttributes(append(opAttrs(op), attrReason.String(esc.Reason),
-			attrProposed.String(string(esc.ProposedAction)))...))
+		trace.WithAttributes(append(opAttrs(op), semconv.EscalationReason.String(esc.Reason),
+			semconv.ProposedAction.String(string(esc.ProposedAction)))...))
 }
 
 func (t *telemetry) escalated(ctx context.Context, op events.Operation, esc *events.EscalationData) {
@@ -105,7 +86,7 @@ func (t *telemetry) escalated(ctx context.Context, op events.Operation, esc *eve
 
 func (t *telemetry) startLeaseExpiry(ctx context.Context, op events.Operation) (context.Context, trace.Span) {
 	return t.tracer.Start(ctx, "lease_expiry", trace.WithSpanKind(trace.SpanKindInternal),
-		trace.WithAttributes(append(opAttrs(op), attrPhase.String(string(op.Phase)))...))
+		trace.WithAttributes(append(opAttrs(op), semconv.Phase.String(string(op.Phase)))...))
 }
 
 func (t *telemetry) leaseExpired(ctx context.Context, op events.Operation) {

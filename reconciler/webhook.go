@@ -20,6 +20,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/metrics"
+	"github.com/effectline/effectline/internal/semconv"
 	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/store"
@@ -146,7 +147,7 @@ func (w *Webhooks) Handle(ctx context.Context, source string, headers http.Heade
 	}
 
 	ctx, span := w.tel.tracer.Start(ctx, "webhook", trace.WithSpanKind(trace.SpanKindInternal),
-		trace.WithAttributes(attrSource.String(source)))
+		trace.WithAttributes(semconv.WebhookSource.String(source)))
 	var (
 		res events.WebhookResult
 		// settled is the operation after an applied callback, for the
@@ -254,7 +255,7 @@ func (w *Webhooks) apply(ctx context.Context, tx pgx.Tx, source string, t tool.T
 	res := events.WebhookResult{OperationKey: op.Key, Status: op.Status}
 	logAttrs = append(logAttrs, "operation_key", op.Key)
 
-	var specs []eventSpec
+	var specs []events.Spec
 	var esc *events.EscalationData
 	switch cb.Type {
 	case CallbackSucceeded:
@@ -264,7 +265,7 @@ func (w *Webhooks) apply(ctx context.Context, tx pgx.Tx, source string, t tool.T
 		case !successSettles(op):
 			res.Ignored = "not_pending"
 		default:
-			specs = []eventSpec{{typ: events.ReconciliationResolved, data: &events.ReconciliationResolvedData{
+			specs = []events.Spec{{Type: events.ReconciliationResolved, Data: &events.ReconciliationResolvedData{
 				Found: true, Result: downstreamBody(op, t.Spec(), cb.Result), DownstreamID: firstNonEmpty(cb.DownstreamID, op.DownstreamID),
 				Source: SourceWebhookPrefix + source,
 			}}}
@@ -282,7 +283,7 @@ func (w *Webhooks) apply(ctx context.Context, tx pgx.Tx, source string, t tool.T
 		v := planAttempt(op, t.Spec(), tool.Reconciliation{Answer: tool.Absent, Body: cb.Result,
 			DownstreamID: cb.DownstreamID}, 0, now)
 		for _, s := range v.specs {
-			if d, ok := s.data.(*events.ReconciliationResolvedData); ok {
+			if d, ok := s.Data.(*events.ReconciliationResolvedData); ok {
 				d.Source = SourceWebhookPrefix + source
 			}
 		}
@@ -302,13 +303,13 @@ func (w *Webhooks) apply(ctx context.Context, tx pgx.Tx, source string, t tool.T
 	opCtx, span := w.tel.tracer.Start(traceparent.ContextWith(context.WithoutCancel(ctx), tp), "reconciliation",
 		trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithLinks(trace.LinkFromContext(ctx)),
-		trace.WithAttributes(append(opAttrs(op), attrSource.String(source), attrAnswer.String(cb.Type))...))
+		trace.WithAttributes(append(opAttrs(op), semconv.WebhookSource.String(source), semconv.ReconcileAnswer.String(cb.Type))...))
 	if esc != nil {
 		var escSpan trace.Span
 		opCtx, escSpan = w.tel.startEscalation(opCtx, op, esc)
 		defer escSpan.End()
 	}
-	evs, err := buildEvents(op, now, specs)
+	evs, err := events.Following(op, now, specs...)
 	if err == nil {
 		var next events.Operation
 		next, err = store.AppendTx(ctx, tx, store.Append{
