@@ -92,4 +92,3 @@ func TestMCPDoesNotOfferUndoTools(t *testing.T) {
 		t.Errorf("tools/call of %s recorded an operation", undo)
 	}
 }
-

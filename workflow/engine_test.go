@@ -74,7 +74,7 @@ type run struct {
 	t   *testing.T
 	e   *engine
 	sch *jsonschema.Schema
-	rec Record
+	rec events.Workflow
 	// intents are every intent recorded, in order.
 	intents []intent
 }
