@@ -194,7 +194,9 @@ func newBatcher[E, R any](cfg Config, s stream[E, R], cache *recordCache[R], m *
 }
 
 // Run consumes until ctx is done and returns nil then; it returns an error
-// if the consumer cannot start or stops on its own. A Projector runs once.
+// if a consumer (of the outcomes, or of the workflows with
+// Config.Workflows) cannot start or stops on its own, and then stops the
+// other. A Projector runs once.
 //
 // A message's offset is committed only once its row is committed and, with
 // asynchronous commits, flushed to disk; so a crash of the process or of
