@@ -57,23 +57,24 @@ type metrics struct {
 	rewinds metric.Int64Counter
 }
 
-// streamMetrics are the instruments of one stream, with its attribute sets
-// precomputed, so counting allocates nothing per event.
+// streamMetrics are the instruments of one stream, with its options
+// precomputed as slices, so counting allocates nothing per event (a
+// variadic call with single options would allocate the slice each time).
 type streamMetrics struct {
 	*metrics
-	// by holds the attribute set of each outcome.
-	by     map[string]metric.AddOption
-	record metric.RecordOption
+	// by holds the options of each outcome.
+	by     map[string][]metric.AddOption
+	record []metric.RecordOption
 }
 
 // stream returns the instruments of the stream named name (Stream*).
 func (m *metrics) stream(name string) *streamMetrics {
 	s := attribute.String("stream", name)
-	by := map[string]metric.AddOption{}
+	by := map[string][]metric.AddOption{}
 	for _, o := range []string{OutcomeApplied, OutcomeSkipped, OutcomeGapFilled, OutcomeRejected} {
-		by[o] = metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", o), s))
+		by[o] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", o), s))}
 	}
-	return &streamMetrics{metrics: m, by: by, record: metric.WithAttributeSet(attribute.NewSet(s))}
+	return &streamMetrics{metrics: m, by: by, record: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(s))}}
 }
 
 func newMetrics(mp metric.MeterProvider) (*metrics, error) {
@@ -109,14 +110,14 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 
 func (m *streamMetrics) count(ctx context.Context, outcome string, n int) {
 	if n > 0 {
-		m.events.Add(ctx, int64(n), m.by[outcome])
+		m.events.Add(ctx, int64(n), m.by[outcome]...)
 	}
 }
 
 func (m *streamMetrics) observeLag(ctx context.Context, occurredAt, now time.Time) {
-	m.lag.Record(ctx, max(now.Sub(occurredAt), 0).Seconds(), m.record)
+	m.lag.Record(ctx, max(now.Sub(occurredAt), 0).Seconds(), m.record...)
 }
 
 func (m *streamMetrics) observeBatch(ctx context.Context, n int) {
-	m.batch.Record(ctx, int64(n), m.record)
+	m.batch.Record(ctx, int64(n), m.record...)
 }
