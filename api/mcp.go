@@ -15,12 +15,14 @@ type CatalogueRegistry interface {
 	Get(name string) (tool.Tool, bool)
 }
 
-// RegistryCatalogue lists the registered tools for the MCP server.
+// RegistryCatalogue lists the registered tools for the MCP server: every
+// tool but the internal ones (tool.Spec.Internal, the workflow undos),
+// which only effectline itself submits.
 func RegistryCatalogue(r CatalogueRegistry) []mcp.Tool {
 	var out []mcp.Tool
 	for _, name := range r.Names() {
 		t, ok := r.Get(name)
-		if !ok || t == nil || t.Spec() == nil {
+		if !ok || t == nil || t.Spec() == nil || t.Spec().Internal {
 			continue
 		}
 		sp := t.Spec()
@@ -51,11 +53,13 @@ func (s *Server) mcpRoutes() {
 	}), Authenticated)
 }
 
-// catalogueFor is the catalogue as principal may use it.
+// catalogueFor is the catalogue as principal may use it. An internal tool
+// is left out even from a catalogue given by hand: tools/list does not
+// show it, and tools/call does not know it.
 func (s *Server) catalogueFor(principal string) []mcp.Tool {
 	var out []mcp.Tool
 	for _, t := range s.catalogue {
-		if at, ok := s.tools.Get(t.Name); ok && at.Spec() != nil && at.Spec().Authorize(principal) == nil {
+		if at, ok := s.tools.Get(t.Name); ok && at.Spec() != nil && !at.Spec().Internal && at.Spec().Authorize(principal) == nil {
 			out = append(out, t)
 		}
 	}

@@ -53,6 +53,9 @@ type Deps struct {
 	// Workflows starts and reads workflow runs and records their decisions
 	// (*workflow.Service). Nil: the workflow routes answer 503.
 	Workflows Workflows
+	// WorkflowRuns pages the workflow read model for GET /v1/workflows
+	// (*projector.Reader). Nil: that route answers 503.
+	WorkflowRuns WorkflowRuns
 	// Waits wakes requests that wait for their operation (Prefer: wait,
 	// ?wait=, the event stream); it must be running (watch.Hub.Run). Nil:
 	// requests answer at once and streams poll the journal.
@@ -85,11 +88,13 @@ type Server struct {
 	ready      func(context.Context) error
 	decider    Decider
 	workflows  Workflows
-	webhooks   WebhookHandler
-	waits      *watch.Hub
-	catalogue  []mcp.Tool
-	auth       *authenticator
-	tel        *telemetry
+	// workflowRuns is nil without Deps.WorkflowRuns.
+	workflowRuns WorkflowRuns
+	webhooks     WebhookHandler
+	waits        *watch.Hub
+	catalogue    []mcp.Tool
+	auth         *authenticator
+	tel          *telemetry
 
 	mux  *http.ServeMux
 	root http.Handler
@@ -122,22 +127,23 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		return nil, fmt.Errorf("api: telemetry: %w", err)
 	}
 	s := &Server{
-		cfg:        cfg,
-		log:        cfg.Logger,
-		store:      deps.Store,
-		committer:  deps.Committer,
-		tools:      deps.Tools,
-		operations: deps.Operations,
-		metrics:    deps.Metrics,
-		ready:      deps.Ready,
-		decider:    deps.Decider,
-		workflows:  deps.Workflows,
-		webhooks:   deps.Webhooks,
-		waits:      deps.Waits,
-		catalogue:  deps.Catalogue,
-		auth:       newAuthenticator(cfg),
-		tel:        tel,
-		mux:        http.NewServeMux(),
+		cfg:          cfg,
+		log:          cfg.Logger,
+		store:        deps.Store,
+		committer:    deps.Committer,
+		tools:        deps.Tools,
+		operations:   deps.Operations,
+		metrics:      deps.Metrics,
+		ready:        deps.Ready,
+		decider:      deps.Decider,
+		workflows:    deps.Workflows,
+		workflowRuns: deps.WorkflowRuns,
+		webhooks:     deps.Webhooks,
+		waits:        deps.Waits,
+		catalogue:    deps.Catalogue,
+		auth:         newAuthenticator(cfg),
+		tel:          tel,
+		mux:          http.NewServeMux(),
 	}
 	if s.committer == nil {
 		s.committer = deps.Store

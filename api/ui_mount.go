@@ -19,6 +19,9 @@ func (s *Server) uiRoutes() {
 	if s.workflows != nil {
 		deps.Workflows = s.workflows
 	}
+	if s.workflowRuns != nil {
+		deps.WorkflowRuns = s.workflowRuns
+	}
 	u := ui.New(ui.Config{Open: s.cfg.Open, DevPrincipal: DevPrincipal, Logger: s.log}, deps)
 	for _, r := range u.Routes() {
 		s.Handle(r.Pattern, r.Handler, Public)

@@ -3,7 +3,6 @@ package api
 import (
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/tool"
-	"github.com/effectline/effectline/workflow"
 )
 
 // Workflows follow the read rule of operations (scope.go): a principal
@@ -12,7 +11,7 @@ import (
 // another principal's id is key_in_use.
 
 // mayReadWorkflow reports whether r may read rec.
-func (s *Server) mayReadWorkflow(r reader, rec workflow.Record) bool {
+func (s *Server) mayReadWorkflow(r reader, rec events.Workflow) bool {
 	return s.mayRead(r, events.Operation{Principal: rec.Principal})
 }
 
@@ -21,11 +20,11 @@ func (s *Server) mayReadWorkflow(r reader, rec workflow.Record) bool {
 // echoes a sensitive value of the input), and every event's data likewise.
 // The workflow's input has no tool schema of its own, so names and echoes
 // are what mark it.
-func (s *Server) renderWorkflow(rec workflow.Record) workflow.Record {
+func (s *Server) renderWorkflow(rec events.Workflow) events.Workflow {
 	in := rec.Input
 	out := rec
 	out.Input = tool.Scrub(nil, in, in)
-	out.Steps = make([]workflow.StepState, len(rec.Steps))
+	out.Steps = make([]events.WorkflowStep, len(rec.Steps))
 	for i, st := range rec.Steps {
 		var spec *tool.Spec
 		if t, ok := s.tools.Get(st.Tool); ok && t != nil {

@@ -17,13 +17,28 @@ import (
 	"github.com/effectline/effectline/workflow"
 )
 
-// Workflows is what the workflow routes need: *workflow.Service.
+// Workflows is what the workflow routes need of the write side:
+// *workflow.Service. A run is read from its head, so the run a client just
+// started is there when it asks.
 type Workflows interface {
-	Start(ctx context.Context, in workflow.Start) (workflow.Record, bool, error)
-	Get(ctx context.Context, id string) (workflow.Record, error)
-	List(ctx context.Context, status events.WorkflowStatus, limit int) ([]workflow.Record, error)
-	Decide(ctx context.Context, id string, action events.WorkflowAction, note, approver string) (workflow.Record, error)
+	Start(ctx context.Context, in workflow.Start) (events.Workflow, bool, error)
+	Get(ctx context.Context, id string) (events.Workflow, error)
+	Decide(ctx context.Context, id string, action events.WorkflowAction, note, approver string) (events.Workflow, error)
 }
+
+// WorkflowRuns pages the workflow read model (the projector's
+// workflow_state) for GET /v1/workflows; *projector.Reader is one. A
+// filter it cannot apply (a cursor it did not issue) is an error wrapping
+// an *events.FilterError, answered 400.
+type WorkflowRuns interface {
+	ListWorkflows(ctx context.Context, f events.WorkflowFilter) (events.WorkflowPage, error)
+}
+
+// Page sizes of GET /v1/workflows.
+const (
+	defaultWorkflowLimit = 100
+	maxWorkflowLimit     = 500
+)
 
 func (s *Server) workflowRoutes() {
 	s.HandleFunc("POST /v1/workflows", s.postWorkflow, Authenticated)
@@ -143,7 +158,7 @@ func (s *Server) getWorkflow(w http.ResponseWriter, r *http.Request) {
 
 // workflowSettled reports whether a run has ended, or waits for a decision
 // on the run itself: nothing more happens without someone.
-func workflowSettled(r workflow.Record) bool {
+func workflowSettled(r events.Workflow) bool {
 	switch r.Status {
 	case events.WorkflowCompleted, events.WorkflowUnwound, events.WorkflowEscalated, events.WorkflowAbandoned:
 		return true
@@ -161,7 +176,7 @@ const workflowPoll = 250 * time.Millisecond
 // or the server began shutting down. It watches the operation the run
 // awaits (a step's or an undo's), so a settling operation wakes it at
 // once, and re-reads on a short poll for the driver's transition after it.
-func (s *Server) waitWorkflow(ctx context.Context, w http.ResponseWriter, rec workflow.Record, d time.Duration) (workflow.Record, error) {
+func (s *Server) waitWorkflow(ctx context.Context, w http.ResponseWriter, rec events.Workflow, d time.Duration) (events.Workflow, error) {
 	w.Header().Set("Preference-Applied", "wait="+strconv.Itoa(int(d/time.Second)))
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(d + s.cfg.WriteTimeout))
 	ctx, cancel := context.WithTimeout(ctx, d)
@@ -211,45 +226,67 @@ func (s *Server) waitWorkflow(ctx context.Context, w http.ResponseWriter, rec wo
 }
 
 type workflowPage struct {
-	Workflows []workflow.Record `json:"workflows"`
+	Workflows  []events.Workflow `json:"workflows"`
+	NextCursor string            `json:"next_cursor,omitempty"`
 }
 
+// listWorkflows answers a page of the workflow read model, newest first.
+// The status, the read rule's principal and the page are applied by the
+// read model's query, so a principal that reads only its own runs gets
+// full pages of them.
 func (s *Server) listWorkflows(w http.ResponseWriter, r *http.Request) {
-	if s.workflows == nil {
+	if s.workflowRuns == nil {
 		writeUnavailable(w, "this process runs no workflows")
 		return
 	}
+	ctx := r.Context()
 	q := r.URL.Query()
-	status := events.WorkflowStatus(q.Get("status"))
-	if status != "" && !status.Valid() {
+	f := events.WorkflowFilter{Status: events.WorkflowStatus(q.Get("status")), Limit: defaultWorkflowLimit, Cursor: q.Get("cursor")}
+	if f.Status != "" && !f.Status.Valid() {
 		writeFieldError(w, http.StatusBadRequest, codeInvalidRequest, "status", fmt.Sprintf("status must be one of %v", events.WorkflowStatuses()))
 		return
 	}
-	limit := 100
 	if l := q.Get("limit"); l != "" {
 		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > 500 {
-			writeFieldError(w, http.StatusBadRequest, codeInvalidRequest, "limit", "limit must be 1 to 500")
+		if err != nil || n < 1 || n > maxWorkflowLimit {
+			writeFieldError(w, http.StatusBadRequest, codeInvalidRequest, "limit", fmt.Sprintf("limit must be 1 to %d", maxWorkflowLimit))
 			return
 		}
-		limit = n
+		f.Limit = n
 	}
-	recs, err := s.workflows.List(r.Context(), status, limit)
+	if len(f.Cursor) > maxCursorBytes {
+		writeFieldError(w, http.StatusBadRequest, codeInvalidRequest, "cursor", "cursor is not one this server issued")
+		return
+	}
+	scope, ok := s.listScope(readerOf(ctx))
+	if !ok {
+		writeJSON(w, http.StatusOK, workflowPage{Workflows: []events.Workflow{}})
+		return
+	}
+	f.Principal = scope
+	page, err := s.workflowRuns.ListWorkflows(ctx, f)
+	if errors.Is(err, events.ErrInvalidFilter) {
+		// Status and limit are checked above: the cursor is what the read
+		// model could not apply.
+		writeFieldError(w, http.StatusBadRequest, codeInvalidRequest, "cursor", "cursor is not one this server issued")
+		return
+	}
 	if err != nil {
-		s.log.ErrorContext(r.Context(), "listing workflows failed", slog.Any("error", err))
+		s.log.ErrorContext(ctx, "listing workflows failed", slog.String("status", string(f.Status)), slog.Any("error", err))
 		writeUnavailable(w, "the workflows could not be read")
 		return
 	}
-	// A principal that reads only its own gets its own runs. The filter
-	// runs after the limit, so such a page may hold fewer than limit.
-	rd := readerOf(r.Context())
-	page := workflowPage{Workflows: make([]workflow.Record, 0, len(recs))}
-	for _, rec := range recs {
+	body := workflowPage{Workflows: make([]events.Workflow, 0, len(page.Items)), NextCursor: page.NextCursor}
+	rd := readerOf(ctx)
+	for _, rec := range page.Items {
+		// The query applied the rule already; this is the same rule once
+		// more, so a read model that answered too much still shows nothing
+		// it should not.
 		if s.mayReadWorkflow(rd, rec) {
-			page.Workflows = append(page.Workflows, s.renderWorkflow(rec))
+			body.Workflows = append(body.Workflows, s.renderWorkflow(rec))
 		}
 	}
-	writeJSON(w, http.StatusOK, page)
+	writeJSON(w, http.StatusOK, body)
 }
 
 // postWorkflowDecision records an approver's decision on an escalated run.

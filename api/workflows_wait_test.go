@@ -16,44 +16,40 @@ import (
 // fakeWorkflows serves one run whose record the test moves on.
 type fakeWorkflows struct {
 	mu    sync.Mutex
-	rec   workflow.Record
+	rec   events.Workflow
 	reads int
 }
 
-func (f *fakeWorkflows) set(r workflow.Record) {
+func (f *fakeWorkflows) set(r events.Workflow) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.rec = r
 }
 
-func (f *fakeWorkflows) Start(context.Context, workflow.Start) (workflow.Record, bool, error) {
-	return workflow.Record{}, false, workflow.ErrUnknownWorkflow
+func (f *fakeWorkflows) Start(context.Context, workflow.Start) (events.Workflow, bool, error) {
+	return events.Workflow{}, false, workflow.ErrUnknownWorkflow
 }
 
-func (f *fakeWorkflows) Get(_ context.Context, id string) (workflow.Record, error) {
+func (f *fakeWorkflows) Get(_ context.Context, id string) (events.Workflow, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reads++
 	if id != f.rec.WorkflowID {
-		return workflow.Record{}, workflow.ErrNotFound
+		return events.Workflow{}, workflow.ErrNotFound
 	}
 	return f.rec, nil
 }
 
-func (f *fakeWorkflows) List(context.Context, events.WorkflowStatus, int) ([]workflow.Record, error) {
-	return nil, nil
-}
-
-func (f *fakeWorkflows) Decide(context.Context, string, events.WorkflowAction, string, string) (workflow.Record, error) {
-	return workflow.Record{}, workflow.ErrNotWaiting
+func (f *fakeWorkflows) Decide(context.Context, string, events.WorkflowAction, string, string) (events.Workflow, error) {
+	return events.Workflow{}, workflow.ErrNotWaiting
 }
 
 func withWorkflows(f *fakeWorkflows) option {
 	return func(_ *Config, d *Deps) { d.Workflows = f }
 }
 
-func running(id, awaiting string) workflow.Record {
-	return workflow.Record{WorkflowID: id, Workflow: "order", Principal: "billing-agent", Status: events.WorkflowRunning, Current: "charge", Awaiting: awaiting, Seq: 2}
+func running(id, awaiting string) events.Workflow {
+	return events.Workflow{WorkflowID: id, Workflow: "order", Principal: "billing-agent", Status: events.WorkflowRunning, Current: "charge", Awaiting: awaiting, Seq: 2}
 }
 
 // GET /v1/workflows/{id}?wait= answers once the run settles: the wait
@@ -81,7 +77,7 @@ func TestGetWorkflowWaitAnswersOnceSettled(t *testing.T) {
 	wf.set(done)
 	r := <-answered
 	wantStatus(t, r, http.StatusOK)
-	var got workflow.Record
+	var got events.Workflow
 	if err := json.Unmarshal(r.body, &got); err != nil {
 		t.Fatal(err)
 	}

@@ -77,7 +77,29 @@ type ListPage struct {
 	NextCursor string
 }
 
-// FilterError says which part of a ListFilter is wrong.
+// WorkflowFilter selects a page of workflow runs from the read model
+// (workflow_state); zero fields do not filter.
+type WorkflowFilter struct {
+	// Status, when set, keeps runs in that status.
+	Status WorkflowStatus
+	// Principal, when set, keeps runs that principal started: the list of
+	// a principal that may read only its own.
+	Principal string
+	// Limit is the page size: DefaultListLimit when zero, at most
+	// MaxListLimit.
+	Limit int
+	// Cursor is the NextCursor of the previous page; empty for the first.
+	Cursor string
+}
+
+// WorkflowPage is one page of workflow runs, newest first.
+type WorkflowPage struct {
+	Items []Workflow
+	// NextCursor continues after the last item; empty on the last page.
+	NextCursor string
+}
+
+// FilterError says which part of a ListFilter or WorkflowFilter is wrong.
 type FilterError struct {
 	Field  string // "status", "limit" or "cursor"
 	Reason string

@@ -139,6 +139,11 @@ type WorkflowStartedData struct {
 	// transaction recorded.
 	Step         string `json:"step"`
 	OperationKey string `json:"operation_key"`
+	// Steps declares the run's steps as the tools file had them at the
+	// start (an extension: runs started before it name their steps only
+	// in later events), so a consumer folds the record from the events
+	// alone, whatever the tools file says later.
+	Steps []WorkflowStepDecl `json:"steps,omitempty"`
 }
 
 // WorkflowStepCompletedData is the data of workflow.step_completed.

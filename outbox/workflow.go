@@ -5,6 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/workflow"
 )
 
@@ -14,6 +15,6 @@ import (
 // input returns the recorded run with started false; with another input the
 // error wraps workflow.ErrPayloadConflict. Neither writes anything or
 // aborts tx.
-func StartWorkflow(ctx context.Context, tx pgx.Tx, svc *workflow.Service, in workflow.Start) (rec workflow.Record, started bool, err error) {
+func StartWorkflow(ctx context.Context, tx pgx.Tx, svc *workflow.Service, in workflow.Start) (rec events.Workflow, started bool, err error) {
 	return svc.StartTx(ctx, tx, in)
 }

@@ -7,12 +7,10 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/store"
 )
 
@@ -20,8 +18,8 @@ import (
 // handler returns it, so the message is not acked and is delivered again.
 var errStopped = errors.New("projector stopped")
 
-// errNotJournaled rejects a delivered event whose gap the event store cannot
-// fill: the store does not hold the event, so it is not effectline's.
+// errNotJournaled rejects a delivered event whose gap the journal cannot
+// fill: the journal does not hold the event, so it is not effectline's.
 var errNotJournaled = errors.New("event is not in the event store")
 
 // outcome is what projecting one delivered event did.
@@ -53,9 +51,9 @@ type result struct {
 	reason  error // why it was rejected
 }
 
-type request struct {
+type request[E any] struct {
 	ctx  context.Context
-	env  events.Envelope
+	env  E
 	resp chan response
 }
 
@@ -66,6 +64,30 @@ type response struct {
 	err error
 }
 
+// stream is what a batcher needs to know of one kind of event stream: the
+// operations' (events.Envelope folded into events.Operation, in
+// operation_state) or the workflow runs' (into workflow_state). E is a
+// delivered event, R the record of one stream key.
+type stream[E, R any] interface {
+	eventKey(e E) string
+	eventSeq(e E) int64
+	eventTime(e E) time.Time
+	recordSeq(r R) int64
+	// apply folds e onto r, which is at e's seq minus one.
+	apply(r R, e E) (R, error)
+	// complete reports whether e, delivered, holds everything its fold
+	// needs; an event that does not is taken from the journal instead,
+	// like an event after a gap.
+	complete(e E) bool
+	// load reads the stored records of keys; keys without a row are absent.
+	load(ctx context.Context, pool *pgxpool.Pool, keys []string) (map[string]R, error)
+	// write upserts recs, sorted by key, guarded by their seq, and returns
+	// the keys of the rows it changed.
+	write(ctx context.Context, pool *pgxpool.Pool, recs []R) ([]string, error)
+	// journal returns the journaled events of key after afterSeq, in order.
+	journal(ctx context.Context, key string, afterSeq int64) ([]E, error)
+}
+
 // batcher is a group commit for the handlers. watermill-kafka hands out one
 // message per partition and waits for its ack before the next, so throughput
 // is partitions × (1 / commit latency) unless the partitions share their
@@ -74,25 +96,25 @@ type response struct {
 // every changed row in one statement, which commits on its own. There is no
 // waiting window: a lone event commits at once, and under load batches grow
 // by themselves while the previous commit is in flight.
-type batcher struct {
+type batcher[E, R any] struct {
 	// pool runs the flushes' statements (see openWritePool); Run sets it.
 	pool     *pgxpool.Pool
-	store    *store.Store
-	cache    *recordCache
-	metrics  *metrics
+	stream   stream[E, R]
+	cache    *recordCache[R]
+	metrics  *streamMetrics
 	log      *slog.Logger
 	maxBatch int
 	flushers int
 	timeout  time.Duration
 
-	reqs chan []*request // groups, see submit
+	reqs chan []*request[E] // groups, see submit
 	done chan struct{}
 }
 
 // run flushes until ctx is done, then fails what is still queued. A batch a
 // flusher already took is finished even after ctx is done, so an event whose
 // row committed is reported as committed.
-func (b *batcher) run(ctx context.Context) {
+func (b *batcher[E, R]) run(ctx context.Context) {
 	finished := make(chan struct{}, b.flushers)
 	for range b.flushers {
 		go func() {
@@ -110,7 +132,7 @@ func (b *batcher) run(ctx context.Context) {
 // failQueued answers every request still queued. It runs once the flushers
 // are gone, from run and from submitters that raced with it, so each request
 // ends up answered exactly once (whoever receives it from the channel answers).
-func (b *batcher) failQueued() {
+func (b *batcher[E, R]) failQueued() {
 	for {
 		select {
 		case g := <-b.reqs:
@@ -128,10 +150,10 @@ func (b *batcher) failQueued() {
 // between flushes, so the events of one operation delivered together (a
 // claim and its outcome, published in one relay batch) are folded into one
 // write of its row. ctxs[i] is the context of envs[i].
-func (b *batcher) submit(ctxs []context.Context, envs []events.Envelope) []response {
-	group := make([]*request, len(envs))
+func (b *batcher[E, R]) submit(ctxs []context.Context, envs []E) []response {
+	group := make([]*request[E], len(envs))
 	for i, e := range envs {
-		group[i] = &request{ctx: ctxs[i], env: e, resp: make(chan response, 1)}
+		group[i] = &request[E]{ctx: ctxs[i], env: e, resp: make(chan response, 1)}
 	}
 	out := make([]response, len(group))
 	fail := func(err error) []response {
@@ -161,8 +183,8 @@ func (b *batcher) submit(ctxs []context.Context, envs []events.Envelope) []respo
 	return out
 }
 
-func (b *batcher) flushLoop(ctx context.Context) {
-	batch := make([]*request, 0, b.maxBatch)
+func (b *batcher[E, R]) flushLoop(ctx context.Context) {
+	batch := make([]*request[E], 0, b.maxBatch)
 	for {
 		batch = batch[:0]
 		select {
@@ -184,8 +206,8 @@ func (b *batcher) flushLoop(ctx context.Context) {
 	}
 }
 
-func (b *batcher) flush(ctx context.Context, batch []*request) {
-	live := make([]*request, 0, len(batch))
+func (b *batcher[E, R]) flush(ctx context.Context, batch []*request[E]) {
+	live := make([]*request[E], 0, len(batch))
 	for _, r := range batch {
 		// The subscriber cancels a message's context when it stops waiting
 		// for the ack; projecting it now would be wasted, it comes back.
@@ -201,8 +223,8 @@ func (b *batcher) flush(ctx context.Context, batch []*request) {
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.timeout)
 	defer cancel()
 
-	b.metrics.batch.Record(fctx, int64(len(live)))
-	keys, byKey := groupByKey(live)
+	b.metrics.observeBatch(fctx, len(live))
+	keys, byKey := b.groupByKey(live)
 	results, err := b.commit(fctx, live, keys, byKey)
 	switch {
 	case err == nil:
@@ -213,7 +235,7 @@ func (b *batcher) flush(ctx context.Context, batch []*request) {
 		// it, so each operation commits on its own and only the culprit's
 		// events are rejected.
 		for _, k := range keys {
-			group := make([]*request, len(byKey[k]))
+			group := make([]*request[E], len(byKey[k]))
 			for j, i := range byKey[k] {
 				group[j] = live[i]
 			}
@@ -231,8 +253,8 @@ func (b *batcher) flush(ctx context.Context, batch []*request) {
 }
 
 // commitAlone commits the events of one operation.
-func (b *batcher) commitAlone(ctx context.Context, reqs []*request) {
-	keys, byKey := groupByKey(reqs)
+func (b *batcher[E, R]) commitAlone(ctx context.Context, reqs []*request[E]) {
+	keys, byKey := b.groupByKey(reqs)
 	results, err := b.commit(ctx, reqs, keys, byKey)
 	switch {
 	case err == nil:
@@ -246,7 +268,7 @@ func (b *batcher) commitAlone(ctx context.Context, reqs []*request) {
 	}
 }
 
-func (b *batcher) reject(reqs []*request, err error) {
+func (b *batcher[E, R]) reject(reqs []*request[E], err error) {
 	for _, r := range reqs {
 		b.metrics.count(r.ctx, OutcomeRejected, 1)
 		r.resp <- response{result: result{outcome: outcomeRejected, reason: fmt.Errorf("the database refused the row: %w", err)}}
@@ -254,7 +276,7 @@ func (b *batcher) reject(reqs []*request, err error) {
 }
 
 // answer records the metrics of a committed batch and releases its handlers.
-func (b *batcher) answer(reqs []*request, results []result) {
+func (b *batcher[E, R]) answer(reqs []*request[E], results []result) {
 	now := time.Now()
 	for i, r := range reqs {
 		res := results[i]
@@ -262,7 +284,7 @@ func (b *batcher) answer(reqs []*request, results []result) {
 		case outcomeApplied, outcomeFilled:
 			b.metrics.count(r.ctx, OutcomeApplied, 1)
 			b.metrics.count(r.ctx, OutcomeGapFilled, res.filled)
-			b.metrics.observeLag(r.ctx, r.env.OccurredAt, now)
+			b.metrics.observeLag(r.ctx, b.stream.eventTime(r.env), now)
 		case outcomeSkipped:
 			b.metrics.count(r.ctx, OutcomeSkipped, 1)
 		case outcomeRejected:
@@ -274,11 +296,11 @@ func (b *batcher) answer(reqs []*request, results []result) {
 
 // groupByKey returns the distinct keys of reqs in order of first appearance
 // and, per key, the indexes of its requests in seq order.
-func groupByKey(reqs []*request) ([]string, map[string][]int) {
+func (b *batcher[E, R]) groupByKey(reqs []*request[E]) ([]string, map[string][]int) {
 	var keys []string
 	byKey := make(map[string][]int, len(reqs))
 	for i, r := range reqs {
-		k := r.env.OperationKey
+		k := b.stream.eventKey(r.env)
 		if _, ok := byKey[k]; !ok {
 			keys = append(keys, k)
 		}
@@ -286,7 +308,7 @@ func groupByKey(reqs []*request) ([]string, map[string][]int) {
 	}
 	for _, idx := range byKey {
 		slices.SortStableFunc(idx, func(a, c int) int {
-			return compareInt64(reqs[a].env.Seq, reqs[c].env.Seq)
+			return compareInt64(b.stream.eventSeq(reqs[a].env), b.stream.eventSeq(reqs[c].env))
 		})
 	}
 	return keys, byKey
@@ -310,7 +332,7 @@ func compareInt64(a, b int64) int {
 // cached record or an unlocked read is safe.
 //
 // When every operation is cached, or new, the flush is one round trip.
-func (b *batcher) commit(ctx context.Context, reqs []*request, keys []string, byKey map[string][]int) (_ []result, err error) {
+func (b *batcher[E, R]) commit(ctx context.Context, reqs []*request[E], keys []string, byKey map[string][]int) (_ []result, err error) {
 	defer func() {
 		if err != nil {
 			// The write may have committed or not; the next flush reads.
@@ -319,12 +341,12 @@ func (b *batcher) commit(ctx context.Context, reqs []*request, keys []string, by
 	}()
 	epoch := b.cache.begin()
 	current, missing := b.cache.get(keys)
-	// An operation whose first event here is seq 1 is folded from the empty
+	// A key whose first event here is seq 1 is folded from the empty
 	// record without reading its row: if the row exists, it is at seq 1 or
 	// later and the upsert leaves it alone.
-	missing = slices.DeleteFunc(missing, func(k string) bool { return reqs[byKey[k][0]].env.Seq == 1 })
+	missing = slices.DeleteFunc(missing, func(k string) bool { return b.stream.eventSeq(reqs[byKey[k][0]].env) == 1 })
 	if len(missing) > 0 {
-		stored, err := loadRecords(ctx, b.pool, missing)
+		stored, err := b.stream.load(ctx, b.pool, missing)
 		if err != nil {
 			return nil, err
 		}
@@ -332,35 +354,33 @@ func (b *batcher) commit(ctx context.Context, reqs []*request, keys []string, by
 	}
 
 	results := make([]result, len(reqs))
-	folded := make([]events.Operation, 0, len(keys))
-	changed := make([]events.Operation, 0, len(keys))
+	folded := make([]R, 0, len(keys))
+	changed := make([]R, 0, len(keys))
+	changedKeys := make([]string, 0, len(keys))
 	for _, k := range keys {
-		op := current[k]
-		base := op.Seq
+		rec := current[k]
+		base := b.stream.recordSeq(rec)
 		for _, i := range byKey[k] {
-			op, results[i], err = b.project(ctx, op, reqs[i].env)
+			rec, results[i], err = b.project(ctx, k, rec, reqs[i].env)
 			if err != nil {
 				return nil, err
 			}
 		}
-		if op.Seq > base {
-			changed = append(changed, op)
+		if b.stream.recordSeq(rec) > base {
+			changed = append(changed, rec)
+			changedKeys = append(changedKeys, k)
 		}
-		if op.Seq > 0 {
-			folded = append(folded, op)
+		if b.stream.recordSeq(rec) > 0 {
+			folded = append(folded, rec)
 		}
 	}
-	// Rows are inserted in key order, so two statements that meet on the
-	// same new keys (two flushers, or replicas during a rebalance) wait for
-	// each other instead of deadlocking.
-	slices.SortFunc(changed, func(a, c events.Operation) int { return strings.Compare(a.Key, c.Key) })
-	written, err := upsert(ctx, b.pool, changed)
+	written, err := b.stream.write(ctx, b.pool, changed)
 	if err != nil {
 		return nil, err
 	}
 	if len(written) < len(changed) {
-		stale := skipUnwritten(byKey, changed, written, results)
-		folded = slices.DeleteFunc(folded, func(op events.Operation) bool { return stale[op.Key] })
+		stale := skipUnwritten(byKey, changedKeys, written, results)
+		folded = slices.DeleteFunc(folded, func(r R) bool { return stale[b.cache.key(r)] })
 		b.cache.drop(slices.Collect(maps.Keys(stale)))
 	}
 	b.cache.put(epoch, folded)
@@ -370,10 +390,10 @@ func (b *batcher) commit(ctx context.Context, reqs []*request, keys []string, by
 // skipUnwritten handles the changed rows the upsert did not write because
 // the table was at or past them: their events were already in the row, so
 // they count as skipped. It returns those operations' keys.
-func skipUnwritten(byKey map[string][]int, changed []events.Operation, written []string, results []result) map[string]bool {
+func skipUnwritten(byKey map[string][]int, changed []string, written []string, results []result) map[string]bool {
 	stale := make(map[string]bool, len(changed)-len(written))
-	for _, op := range changed {
-		stale[op.Key] = true
+	for _, k := range changed {
+		stale[k] = true
 	}
 	for _, k := range written {
 		delete(stale, k)
@@ -388,48 +408,50 @@ func skipUnwritten(byKey map[string][]int, changed []events.Operation, written [
 	return stale
 }
 
-// project folds one delivered event onto op, the operation's record as of
-// this batch. Only an error that may pass on a retry (the event store could not
-// be read) is returned as an error; an event that can never apply is a
+// project folds one delivered event onto rec, the record of key as of this
+// batch. Only an error that may pass on a retry (the journal could not be
+// read) is returned as an error; an event that can never apply is a
 // rejected result, so it is acked and never stalls its partition.
-func (b *batcher) project(ctx context.Context, op events.Operation, e events.Envelope) (events.Operation, result, error) {
+func (b *batcher[E, R]) project(ctx context.Context, key string, rec R, e E) (R, result, error) {
+	seq, at := b.stream.eventSeq(e), b.stream.recordSeq(rec)
 	switch {
-	case e.Seq <= op.Seq:
-		return op, result{outcome: outcomeSkipped}, nil
-	case e.Seq == op.Seq+1:
-		next, err := events.Apply(op, e)
+	case seq <= at:
+		return rec, result{outcome: outcomeSkipped}, nil
+	case seq == at+1 && b.stream.complete(e):
+		next, err := b.stream.apply(rec, e)
 		if err != nil {
-			return op, result{outcome: outcomeRejected, reason: err}, nil
+			return rec, result{outcome: outcomeRejected, reason: err}, nil
 		}
 		return next, result{outcome: outcomeApplied}, nil
 	}
-	return b.fill(ctx, op, e)
+	return b.fill(ctx, key, rec, seq)
 }
 
 // fill handles an event that is ahead of its row: a message was lost or
-// reordered, or the topic's retention dropped an operation's first events
-// before this consumer group read them. Rather than guess,
-// it folds the event store's events from the row's seq through the delivered
-// one. The delivered event itself is taken from the store too: the journal
-// is the truth, and the relay published exactly those bytes.
-func (b *batcher) fill(ctx context.Context, op events.Operation, e events.Envelope) (events.Operation, result, error) {
-	stored, err := b.store.Events(ctx, e.OperationKey, op.Seq)
+// reordered, or the topic's retention dropped a stream's first events
+// before this consumer group read them. Rather than guess, it folds the
+// journal's events from the row's seq through the delivered one. The
+// delivered event itself is taken from the journal too: the journal is the
+// truth, and the publisher sent exactly those bytes.
+func (b *batcher[E, R]) fill(ctx context.Context, key string, rec R, seq int64) (R, result, error) {
+	at := b.stream.recordSeq(rec)
+	stored, err := b.stream.journal(ctx, key, at)
 	if err != nil {
-		return op, result{}, fmt.Errorf("filling the gap of %s from seq %d to %d: %w", e.OperationKey, op.Seq, e.Seq, err)
+		return rec, result{}, fmt.Errorf("filling the gap of %s from seq %d to %d: %w", key, at, seq, err)
 	}
-	next := op
+	next := rec
 	for _, s := range stored {
-		if s.Seq > e.Seq {
+		if b.stream.eventSeq(s) > seq {
 			break
 		}
-		n, err := events.Apply(next, s.Envelope)
+		n, err := b.stream.apply(next, s)
 		if err != nil {
-			return op, result{outcome: outcomeRejected, reason: fmt.Errorf("journaled seq %d: %w", s.Seq, err)}, nil
+			return rec, result{outcome: outcomeRejected, reason: fmt.Errorf("journaled seq %d: %w", b.stream.eventSeq(s), err)}, nil
 		}
 		next = n
 	}
-	if next.Seq != e.Seq {
-		return op, result{outcome: outcomeRejected, reason: fmt.Errorf("%w (it holds seq %d to %d)", errNotJournaled, op.Seq+1, next.Seq)}, nil
+	if got := b.stream.recordSeq(next); got != seq {
+		return rec, result{outcome: outcomeRejected, reason: fmt.Errorf("%w (it holds seq %d to %d)", errNotJournaled, at+1, got)}, nil
 	}
-	return next, result{outcome: outcomeFilled, filled: int(e.Seq - op.Seq - 1)}, nil
+	return next, result{outcome: outcomeFilled, filled: int(seq - at - 1)}, nil
 }

@@ -30,7 +30,7 @@ func BenchmarkFlush(b *testing.B) {
 		b.Run(fmt.Sprintf("batch=%d", size), func(b *testing.B) {
 			bt := benchBatcher(b)
 			at := time.Date(2026, 3, 1, 9, 0, 0, 0, time.UTC)
-			var batch []*request
+			var batch []*request[events.Envelope]
 			b.ReportAllocs()
 			cpu := cpuTime(b)
 			b.ResetTimer()
@@ -39,7 +39,7 @@ func BenchmarkFlush(b *testing.B) {
 				batch = batch[:0]
 				for s := range size {
 					key := fmt.Sprintf("flush-%07d-%03d", group, s)
-					batch = append(batch, &request{ctx: b.Context(), env: benchEvent(b, key, step, at), resp: make(chan response, 1)})
+					batch = append(batch, &request[events.Envelope]{ctx: b.Context(), env: benchEvent(b, key, step, at), resp: make(chan response, 1)})
 				}
 				bt.flush(b.Context(), batch)
 				for _, r := range batch {
@@ -58,7 +58,7 @@ func BenchmarkFlush(b *testing.B) {
 
 // benchBatcher returns the batcher of a projector on a fresh database,
 // ready to flush; nothing consumes Kafka.
-func benchBatcher(b *testing.B) *batcher {
+func benchBatcher(b *testing.B) *batcher[events.Envelope, events.Operation] {
 	b.Helper()
 	pool := testenv.NewPool(b, storedb.New(b))
 	p, err := New(Config{Kafka: kafka.Config{Brokers: []string{"unused:9092"}}, Store: store.New(pool)})

@@ -53,24 +53,39 @@ import (
 // must be folded onto the rows as they are after the crash, not skipped
 // as already in a cached record, so reset empties the cache and a flush
 // that began before it caches nothing.
-type recordCache struct {
+//
+// The cache is generic over the record: the operations' and the workflow
+// runs' projections each have one, with the same rules.
+type recordCache[R any] struct {
 	mu    sync.Mutex
 	max   int
 	epoch uint64 // bumped by reset
-	ops   map[string]events.Operation
+	ops   map[string]R
+	// meta tells a record's key, seq and whether it is terminal.
+	meta func(R) (key string, seq int64, terminal bool)
 }
 
-// newRecordCache returns a cache of at most max records; max ≤ 0 caches
-// nothing.
-func newRecordCache(max int) *recordCache {
-	return &recordCache{max: max, ops: make(map[string]events.Operation)}
+// newCache returns a cache of at most max records; max ≤ 0 caches nothing.
+func newCache[R any](max int, meta func(R) (string, int64, bool)) *recordCache[R] {
+	return &recordCache[R]{max: max, ops: make(map[string]R), meta: meta}
+}
+
+// newRecordCache returns a cache of operations.
+func newRecordCache(max int) *recordCache[events.Operation] {
+	return newCache(max, func(op events.Operation) (string, int64, bool) { return op.Key, op.Seq, op.Status.Terminal() })
+}
+
+// key returns r's key.
+func (c *recordCache[R]) key(r R) string {
+	k, _, _ := c.meta(r)
+	return k
 }
 
 // get returns the cached records of keys and the keys it does not hold.
-func (c *recordCache) get(keys []string) (map[string]events.Operation, []string) {
+func (c *recordCache[R]) get(keys []string) (map[string]R, []string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	found := make(map[string]events.Operation, len(keys))
+	found := make(map[string]R, len(keys))
 	var missing []string
 	for _, k := range keys {
 		if op, ok := c.ops[k]; ok {
@@ -83,14 +98,14 @@ func (c *recordCache) get(keys []string) (map[string]events.Operation, []string)
 }
 
 // begin returns the epoch a flush starts in, for put.
-func (c *recordCache) begin() uint64 {
+func (c *recordCache[R]) begin() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.epoch
 }
 
 // reset forgets every record.
-func (c *recordCache) reset() {
+func (c *recordCache[R]) reset() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.epoch++
@@ -99,7 +114,7 @@ func (c *recordCache) reset() {
 
 // put caches the records committed by a flush that began in epoch, unless
 // the cache was reset since.
-func (c *recordCache) put(epoch uint64, ops []events.Operation) {
+func (c *recordCache[R]) put(epoch uint64, ops []R) {
 	if c.max <= 0 {
 		return
 	}
@@ -108,16 +123,19 @@ func (c *recordCache) put(epoch uint64, ops []events.Operation) {
 	if epoch != c.epoch {
 		return
 	}
-	for _, op := range ops {
-		if old, ok := c.ops[op.Key]; !ok || old.Seq < op.Seq {
-			c.ops[op.Key] = op
+	for _, r := range ops {
+		k, seq, _ := c.meta(r)
+		if old, ok := c.ops[k]; !ok {
+			c.ops[k] = r
+		} else if _, oldSeq, _ := c.meta(old); oldSeq < seq {
+			c.ops[k] = r
 		}
 	}
 	c.trim()
 }
 
 // drop forgets keys.
-func (c *recordCache) drop(keys []string) {
+func (c *recordCache[R]) drop(keys []string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, k := range keys {
@@ -128,16 +146,16 @@ func (c *recordCache) drop(keys []string) {
 // trim halves a cache that outgrew its cap, so the scan is paid once per
 // max/2 new entries. Operations in a terminal status go first: another event
 // for them is rare, and a miss costs only a read.
-func (c *recordCache) trim() {
+func (c *recordCache[R]) trim() {
 	if len(c.ops) <= c.max {
 		return
 	}
 	keep := c.max / 2
-	for k, op := range c.ops {
+	for k, r := range c.ops {
 		if len(c.ops) <= keep {
 			return
 		}
-		if op.Status.Terminal() {
+		if _, _, terminal := c.meta(r); terminal {
 			delete(c.ops, k)
 		}
 	}

@@ -38,6 +38,14 @@ const (
 	OutcomeRejected = "rejected"
 )
 
+// Stream attribute values: which read model an event was projected into.
+const (
+	// StreamOperations: an event of effectline.outcomes, into operation_state.
+	StreamOperations = "operations"
+	// StreamWorkflows: an event of effectline.workflows, into workflow_state.
+	StreamWorkflows = "workflows"
+)
+
 // lagBuckets spans a healthy projector (milliseconds) to one replaying a
 // backlog (minutes); the SDK default tops out at 10s, which a replay exceeds.
 var lagBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}
@@ -47,16 +55,33 @@ type metrics struct {
 	events  metric.Int64Counter
 	batch   metric.Int64Histogram
 	rewinds metric.Int64Counter
-	// by holds the precomputed attribute set of each outcome, so counting
-	// allocates nothing per event.
-	by map[string]metric.AddOption
+}
+
+// streamMetrics are the instruments of one stream, with its options
+// precomputed as slices, so counting allocates nothing per event (a
+// variadic call with single options would allocate the slice each time).
+type streamMetrics struct {
+	*metrics
+	// by holds the options of each outcome.
+	by     map[string][]metric.AddOption
+	record []metric.RecordOption
+}
+
+// stream returns the instruments of the stream named name (Stream*).
+func (m *metrics) stream(name string) *streamMetrics {
+	s := attribute.String("stream", name)
+	by := map[string][]metric.AddOption{}
+	for _, o := range []string{OutcomeApplied, OutcomeSkipped, OutcomeGapFilled, OutcomeRejected} {
+		by[o] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", o), s))}
+	}
+	return &streamMetrics{metrics: m, by: by, record: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(s))}}
 }
 
 func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 	m := mp.Meter("github.com/effectline/effectline/projector")
 	lag, err := m.Float64Histogram(MetricLag,
 		metric.WithUnit("s"),
-		metric.WithDescription("Age of an event (now minus occurred_at) when its operation_state row was committed."),
+		metric.WithDescription("Age of an event (now minus occurred_at) when its read-model row (operation_state, workflow_state) was committed."),
 		metric.WithExplicitBucketBoundaries(lagBuckets...))
 	if err != nil {
 		return nil, fmt.Errorf("creating %s: %w", MetricLag, err)
@@ -80,19 +105,19 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating %s: %w", MetricRewinds, err)
 	}
-	by := map[string]metric.AddOption{}
-	for _, o := range []string{OutcomeApplied, OutcomeSkipped, OutcomeGapFilled, OutcomeRejected} {
-		by[o] = metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", o)))
-	}
-	return &metrics{lag: lag, events: evs, batch: batch, rewinds: rewinds, by: by}, nil
+	return &metrics{lag: lag, events: evs, batch: batch, rewinds: rewinds}, nil
 }
 
-func (m *metrics) count(ctx context.Context, outcome string, n int) {
+func (m *streamMetrics) count(ctx context.Context, outcome string, n int) {
 	if n > 0 {
-		m.events.Add(ctx, int64(n), m.by[outcome])
+		m.events.Add(ctx, int64(n), m.by[outcome]...)
 	}
 }
 
-func (m *metrics) observeLag(ctx context.Context, occurredAt, now time.Time) {
-	m.lag.Record(ctx, max(now.Sub(occurredAt), 0).Seconds())
+func (m *streamMetrics) observeLag(ctx context.Context, occurredAt, now time.Time) {
+	m.lag.Record(ctx, max(now.Sub(occurredAt), 0).Seconds(), m.record...)
+}
+
+func (m *streamMetrics) observeBatch(ctx context.Context, n int) {
+	m.batch.Record(ctx, int64(n), m.record...)
 }

@@ -1,6 +1,8 @@
-// Package projector maintains operation_state, effectline's public read
-// model: one row per operation, the fold of its events, kept up to date from
-// the effectline.outcomes topic and rebuildable from the event store.
+// Package projector maintains effectline's read models: operation_state,
+// one row per operation, the fold of its events, kept up to date from the
+// effectline.outcomes topic and rebuildable from the event store; and
+// workflow_state, one row per workflow run, kept the same way from
+// effectline.workflows and the workflow journal.
 //
 // The projector is idempotent by construction. Every row carries last_seq,
 // the seq of the last event folded into it; a delivered event at or below it
@@ -10,15 +12,20 @@
 // nothing, and any writer that reaches seq N of an operation writes the same
 // row, which is what Rebuild relies on.
 //
-// Reader is the query side the HTTP API uses: Get by key and List with
-// keyset paging, newest first.
+// The same holds for workflow runs, by (workflow_id, seq), folded with
+// events.ApplyWorkflow.
+//
+// Reader is the query side the HTTP API uses: Get by key, List and
+// ListWorkflows with keyset paging, newest first.
 package projector
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -30,6 +37,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/store"
 )
@@ -37,6 +45,10 @@ import (
 // DefaultGroup is the consumer group of the projector. Every replica joins
 // it; a new group name replays the topic from its start.
 const DefaultGroup = "effectline-projector"
+
+// DefaultWorkflowGroup is the consumer group of the workflow projection,
+// one of its own so that the two topics rebalance and lag apart.
+const DefaultWorkflowGroup = "effectline-projector-workflows"
 
 // Config configures a Projector.
 type Config struct {
@@ -49,6 +61,13 @@ type Config struct {
 	Store *store.Store
 	// Group is the Kafka consumer group. Default DefaultGroup.
 	Group string
+	// Workflows is the workflow journal (*workflow.Journal). With it, the
+	// projector also consumes effectline.workflows into workflow_state,
+	// filling gaps from it; nil: it projects operations only.
+	Workflows WorkflowJournal
+	// WorkflowGroup is the consumer group of the workflow projection.
+	// Default DefaultWorkflowGroup.
+	WorkflowGroup string
 	// Base is where the component logs, traces and counts, and its clock
 	// and randomness; unset fields default (service.Base.WithDefaults).
 	service.Base
@@ -77,7 +96,8 @@ type Config struct {
 	// keeps in memory, so that a flush writes without reading the rows
 	// first. Default 100000; an entry costs about the size of its record.
 	// When full, the cache drops half its entries, terminal operations
-	// first. A negative value turns the cache off: every flush reads.
+	// first. A negative value turns the cache off: every flush reads. The
+	// workflow projection has a cache of its own with the same cap.
 	CacheSize int
 }
 
@@ -86,6 +106,9 @@ func (c Config) WithDefaults() Config {
 	c.Kafka = c.Kafka.WithDefaults()
 	if c.Group == "" {
 		c.Group = DefaultGroup
+	}
+	if c.WorkflowGroup == "" {
+		c.WorkflowGroup = DefaultWorkflowGroup
 	}
 	c.Base = c.Base.WithDefaults()
 	if c.MaxBatch <= 0 {
@@ -116,15 +139,18 @@ func (c Config) validate() error {
 	return nil
 }
 
-// Projector consumes effectline.outcomes into operation_state.
+// Projector consumes effectline.outcomes into operation_state and, with a
+// workflow journal, effectline.workflows into workflow_state.
 type Projector struct {
 	cfg     Config
 	log     *slog.Logger
 	tracer  trace.Tracer
 	metrics *metrics
-	batcher *batcher
-	watch   *durabilityWatch // nil with synchronous commits
-	started atomic.Bool
+	batcher *batcher[events.Envelope, events.Operation]
+	// workflows is nil without Config.Workflows.
+	workflows *batcher[workflowEvent, workflowRow]
+	watch     *durabilityWatch // nil with synchronous commits
+	started   atomic.Bool
 }
 
 // New returns a projector; Run starts it.
@@ -138,27 +164,39 @@ func New(cfg Config) (*Projector, error) {
 		return nil, fmt.Errorf("projector: %w", err)
 	}
 	log := cfg.Logger.With("component", "projector")
-	return &Projector{
+	p := &Projector{
 		cfg:     cfg,
 		log:     log,
 		tracer:  cfg.TracerProvider.Tracer("github.com/effectline/effectline/projector"),
 		metrics: m,
-		batcher: &batcher{
-			store:    cfg.Store,
-			cache:    newRecordCache(cfg.CacheSize),
-			metrics:  m,
-			log:      log,
-			maxBatch: cfg.MaxBatch,
-			flushers: cfg.Flushers,
-			timeout:  cfg.FlushTimeout,
-			reqs:     make(chan []*request, cfg.MaxBatch*cfg.Flushers),
-			done:     make(chan struct{}),
-		},
-	}, nil
+		batcher: newBatcher(cfg, stream[events.Envelope, events.Operation](operationStream{store: cfg.Store}),
+			newRecordCache(cfg.CacheSize), m.stream(StreamOperations), log),
+	}
+	if cfg.Workflows != nil {
+		p.workflows = newBatcher(cfg, stream[workflowEvent, workflowRow](workflowStream{wj: cfg.Workflows}),
+			newWorkflowCache(cfg.CacheSize), m.stream(StreamWorkflows), log)
+	}
+	return p, nil
+}
+
+func newBatcher[E, R any](cfg Config, s stream[E, R], cache *recordCache[R], m *streamMetrics, log *slog.Logger) *batcher[E, R] {
+	return &batcher[E, R]{
+		stream:   s,
+		cache:    cache,
+		metrics:  m,
+		log:      log,
+		maxBatch: cfg.MaxBatch,
+		flushers: cfg.Flushers,
+		timeout:  cfg.FlushTimeout,
+		reqs:     make(chan []*request[E], cfg.MaxBatch*cfg.Flushers),
+		done:     make(chan struct{}),
+	}
 }
 
 // Run consumes until ctx is done and returns nil then; it returns an error
-// if the consumer cannot start or stops on its own. A Projector runs once.
+// if a consumer (of the outcomes, or of the workflows with
+// Config.Workflows) cannot start or stops on its own, and then stops the
+// other. A Projector runs once.
 //
 // A message's offset is committed only once its row is committed and, with
 // asynchronous commits, flushed to disk; so a crash of the process or of
@@ -174,52 +212,95 @@ func (p *Projector) Run(ctx context.Context) error {
 	}
 	defer closePool()
 	p.batcher.pool = pool
+	if p.workflows != nil {
+		p.workflows.pool = pool
+	}
 
 	if !p.cfg.SynchronousCommit {
 		stopWatch, err := p.startWatch(ctx)
 		if err != nil {
 			return nil // ctx ended before the database answered
 		}
-		// Stopped once the consumer has returned: no handler waits on it then.
+		// Stopped once the consumers have returned: no handler waits on it then.
 		defer stopWatch()
 	}
 
-	consumer, err := kafka.NewDeferredBatchConsumer(p.cfg.Kafka, kafka.ConsumerConfig{
+	consumers := []consumerRun{}
+	c, err := kafka.NewDeferredBatchConsumer(p.cfg.Kafka, kafka.ConsumerConfig{
 		Group: p.cfg.Group, Topic: p.cfg.Kafka.Topic(events.TopicOutcomes), MaxBatch: p.cfg.MaxBatch,
 		Logger: p.cfg.Logger, MeterProvider: p.cfg.MeterProvider,
 	}, p.handle)
 	if err != nil {
 		return fmt.Errorf("projector: %w", err)
 	}
-
-	// The batcher outlives the consumer: handlers still running when ctx
-	// ends get their commit answered instead of an error, and it stops once
-	// the consumer has waited for all of them.
-	bctx, stopBatcher := context.WithCancel(context.WithoutCancel(ctx))
-	batcherDone := make(chan struct{})
-	go func() {
-		defer close(batcherDone)
-		p.batcher.run(bctx)
-	}()
-	defer func() {
-		stopBatcher()
-		<-batcherDone
-	}()
-
-	p.log.InfoContext(ctx, "projector: consuming", "topic", p.cfg.Kafka.Topic(events.TopicOutcomes), "group", p.cfg.Group)
-	if err := consumer.Run(ctx); err != nil {
-		return fmt.Errorf("projector: %w", err)
+	consumers = append(consumers, consumerRun{c, p.cfg.Group, p.cfg.Kafka.Topic(events.TopicOutcomes)})
+	if p.workflows != nil {
+		c, err := kafka.NewDeferredBatchConsumer(p.cfg.Kafka, kafka.ConsumerConfig{
+			Group: p.cfg.WorkflowGroup, Topic: p.cfg.Kafka.Topic(events.TopicWorkflows), MaxBatch: p.cfg.MaxBatch,
+			Logger: p.cfg.Logger, MeterProvider: p.cfg.MeterProvider,
+		}, p.handleWorkflows)
+		if err != nil {
+			return fmt.Errorf("projector: %w", err)
+		}
+		consumers = append(consumers, consumerRun{c, p.cfg.WorkflowGroup, p.cfg.Kafka.Topic(events.TopicWorkflows)})
 	}
-	if ctx.Err() == nil {
-		return errors.New("projector: the consumer stopped on its own")
+
+	// The batchers outlive the consumers: handlers still running when ctx
+	// ends get their commit answered instead of an error, and they stop
+	// once the consumers have waited for all of them.
+	bctx, stopBatchers := context.WithCancel(context.WithoutCancel(ctx))
+	var batchers sync.WaitGroup
+	batchers.Go(func() { p.batcher.run(bctx) })
+	if p.workflows != nil {
+		batchers.Go(func() { p.workflows.run(bctx) })
+	}
+	defer func() {
+		stopBatchers()
+		batchers.Wait()
+	}()
+
+	// Either consumer stopping stops the other: a projector that projects
+	// only one of its topics would look healthy while a read model ages.
+	cctx, stopConsumers := context.WithCancel(ctx)
+	defer stopConsumers()
+	errs := make(chan error, len(consumers))
+	for _, c := range consumers {
+		p.log.InfoContext(ctx, "projector: consuming", "topic", c.topic, "group", c.group)
+		go func() {
+			err := c.consumer.Run(cctx)
+			if err == nil && cctx.Err() == nil {
+				err = fmt.Errorf("the consumer of %s stopped on its own", c.topic)
+			}
+			stopConsumers()
+			errs <- err
+		}()
+	}
+	var first error
+	for range consumers {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	if first != nil {
+		return fmt.Errorf("projector: %w", first)
 	}
 	return nil
+}
+
+// consumerRun is one of the projector's consumers.
+type consumerRun struct {
+	consumer interface{ Run(context.Context) error }
+	group    string
+	topic    string
 }
 
 // startWatch connects the durability watch and runs it until stop.
 func (p *Projector) startWatch(ctx context.Context) (stop func(), err error) {
 	p.watch = newDurabilityWatch(watchConnConfig(p.cfg.Store.Pool()), p.cfg.DurabilityInterval, func(lost bool) {
 		p.batcher.cache.reset()
+		if p.workflows != nil {
+			p.workflows.cache.reset()
+		}
 		if lost {
 			p.metrics.rewinds.Add(context.WithoutCancel(ctx), 1)
 		}
@@ -334,6 +415,80 @@ func (p *Projector) handle(ctx context.Context, msgs []*kafka.Message) (kafka.Du
 	}
 	// A batch that failed in part is delivered again whole; the events that
 	// committed are skipped then (their rows are at or past them).
+	if failed != nil || p.watch == nil {
+		return nil, failed
+	}
+	return p.watch.after(gen), nil
+}
+
+// Reasons a workflow message is rejected.
+const (
+	// RejectWorkflowKeyMismatch: the message key is not the event's
+	// workflow id, so it may sit in another partition than the run's other
+	// events, out of their order.
+	RejectWorkflowKeyMismatch = "key_mismatch"
+)
+
+// handleWorkflows projects the workflow events of one partition fetched
+// together, as handle does the operations': one group of the workflow
+// batcher, offsets committed once the rows are durable.
+func (p *Projector) handleWorkflows(ctx context.Context, msgs []*kafka.Message) (kafka.Durable, error) {
+	ctxs := make([]context.Context, 0, len(msgs))
+	evs := make([]workflowEvent, 0, len(msgs))
+	spans := make([]trace.Span, 0, len(msgs))
+	for _, msg := range msgs {
+		env, err := events.DecodeWorkflow(msg.Value)
+		if err != nil {
+			reason := kafka.RejectInvalidEnvelope
+			if !json.Valid(msg.Value) {
+				reason = kafka.RejectNotJSON
+			}
+			msg.Reject(reason, err)
+			continue
+		}
+		if string(msg.Key) != env.WorkflowID {
+			msg.Reject(RejectWorkflowKeyMismatch, fmt.Errorf("message key %q is not the workflow id %q", msg.Key, env.WorkflowID))
+			continue
+		}
+		// The header as the publisher wrote it, whatever propagator this
+		// process has; ContextWith and FromContext keep only a valid one.
+		tp := traceparent.FromContext(traceparent.ContextWith(context.Background(), msg.Headers.Get("traceparent")))
+		mctx, span := p.tracer.Start(msg.Context(ctx), "projector.project_workflow",
+			trace.WithSpanKind(trace.SpanKindConsumer),
+			trace.WithAttributes(
+				attribute.String("effectline.workflow_id", env.WorkflowID),
+				attribute.String("effectline.event_type", string(env.Type)),
+				attribute.Int64("effectline.seq", env.Seq),
+			))
+		ctxs, evs, spans = append(ctxs, mctx), append(evs, workflowEvent{env: env, trace: tp}), append(spans, span)
+	}
+	if len(evs) == 0 {
+		return nil, nil
+	}
+	var gen uint64
+	if p.watch != nil {
+		gen = p.watch.begin()
+	}
+	var failed error
+	for i, res := range p.workflows.submit(ctxs, evs) {
+		e, span := evs[i].env, spans[i]
+		if res.err != nil {
+			span.RecordError(res.err)
+			span.SetStatus(codes.Error, "not committed")
+			span.End()
+			if failed == nil {
+				failed = fmt.Errorf("projecting workflow %s seq %d: %w", e.WorkflowID, e.Seq, res.err)
+			}
+			continue
+		}
+		span.SetAttributes(attribute.String("effectline.projection.outcome", res.outcome.String()))
+		if res.outcome == outcomeRejected {
+			span.SetStatus(codes.Error, "rejected")
+			p.log.ErrorContext(ctxs[i], "projector: dropped a workflow event that does not apply to its run",
+				"workflow_id", e.WorkflowID, "seq", e.Seq, "type", e.Type, "event_id", e.EventID, "error", res.reason)
+		}
+		span.End()
+	}
 	if failed != nil || p.watch == nil {
 		return nil, failed
 	}

@@ -56,7 +56,7 @@ func TestCacheBehindTheTableDoesNotMoveTheRowBack(t *testing.T) {
 	h.waitSeqs(map[string]int64{key: 1})
 	assertCached(t, run, key, 1)
 
-	if _, err := projector.Rebuild(ctx, h.store); err != nil {
+	if _, err := projector.Rebuild(ctx, h.store, nil); err != nil {
 		t.Fatalf("Rebuild: %v", err)
 	}
 	rebuilt, writtenAt := h.snapshot(), h.projectedAt()
@@ -213,7 +213,7 @@ func TestMissAfterEvictionReadsTheRow(t *testing.T) {
 	h.waitSeqs(map[string]int64{"other": 1})
 	assertCached(t, run, "evicted", 0)
 
-	if _, err := projector.Rebuild(ctx, h.store); err != nil {
+	if _, err := projector.Rebuild(ctx, h.store, nil); err != nil {
 		t.Fatalf("Rebuild: %v", err)
 	}
 	h.journal(head, evs[3])

@@ -246,11 +246,11 @@ func TestRebuildEqualsTheLiveProjection(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	n, err := projector.Rebuild(ctx, h.store)
+	rebuilt, err := projector.Rebuild(ctx, h.store, nil)
 	if err != nil {
 		t.Fatalf("Rebuild: %v", err)
 	}
-	if n != len(ops) {
+	if n := rebuilt.Operations; n != len(ops) {
 		t.Errorf("Rebuild wrote %d operations, want %d", n, len(ops))
 	}
 	assertSameTable(t, "rebuilt table", h.snapshot(), liveRows)
@@ -283,14 +283,14 @@ func TestRebuildAcrossPages(t *testing.T) {
 	for _, evs := range ops {
 		h.journal(events.Operation{}, evs...)
 	}
-	n, err := projector.Rebuild(ctx, h.store)
-	if err != nil || n != len(ops) {
+	rebuilt, err := projector.Rebuild(ctx, h.store, nil)
+	if n := rebuilt.Operations; err != nil || n != len(ops) {
 		t.Fatalf("Rebuild = %d, %v; want %d", n, err, len(ops))
 	}
 	onePage := h.snapshot()
 	for _, sizes := range [][2]int{{1, 1}, {3, 2}, {7, 5}, {1000, 1}} {
-		n, err := projector.RebuildPaged(ctx, h.store, sizes[0], sizes[1])
-		if err != nil || n != len(ops) {
+		rebuilt, err := projector.RebuildPaged(ctx, h.store, nil, sizes[0], sizes[1])
+		if n := rebuilt.Operations; err != nil || n != len(ops) {
 			t.Fatalf("rebuild with pages %v = %d, %v; want %d", sizes, n, err, len(ops))
 		}
 		assertSameTable(t, fmt.Sprintf("pages %v", sizes), h.snapshot(), onePage)
@@ -300,8 +300,8 @@ func TestRebuildAcrossPages(t *testing.T) {
 	}
 
 	empty := setupDB(t)
-	if n, err := projector.Rebuild(ctx, empty.store); err != nil || n != 0 {
-		t.Errorf("Rebuild of an empty store = %d, %v; want 0, nil", n, err)
+	if r, err := projector.Rebuild(ctx, empty.store, nil); err != nil || r.Operations != 0 {
+		t.Errorf("Rebuild of an empty store = %d, %v; want 0, nil", r.Operations, err)
 	}
 }
 
@@ -395,7 +395,7 @@ func TestRebuildWhileProjecting(t *testing.T) {
 				return
 			default:
 			}
-			if _, err := projector.Rebuild(t.Context(), h.store); err != nil {
+			if _, err := projector.Rebuild(t.Context(), h.store, nil); err != nil {
 				if t.Context().Err() == nil {
 					t.Errorf("Rebuild: %v", err)
 				}

@@ -44,8 +44,8 @@ func readerSetup(t *testing.T) (*harness, map[string]events.Operation) {
 		}
 		ops[r.Op.Key] = r.Op
 	}
-	if n, err := projector.Rebuild(ctx, h.store); err != nil || n != readerOps {
-		t.Fatalf("Rebuild = %d, %v", n, err)
+	if r, err := projector.Rebuild(ctx, h.store, nil); err != nil || r.Operations != readerOps {
+		t.Fatalf("Rebuild = %d, %v", r.Operations, err)
 	}
 	return h, ops
 }

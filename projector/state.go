@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -215,4 +217,44 @@ func loadRecords(ctx context.Context, pool *pgxpool.Pool, keys []string) (map[st
 		ops[op.Key] = op
 	}
 	return ops, nil
+}
+
+// operationStream is the operations' stream for the batcher: the outcomes
+// topic folded with events.Apply into operation_state, gaps filled from the
+// event store.
+type operationStream struct {
+	store *store.Store
+}
+
+func (operationStream) eventKey(e events.Envelope) string     { return e.OperationKey }
+func (operationStream) eventSeq(e events.Envelope) int64      { return e.Seq }
+func (operationStream) eventTime(e events.Envelope) time.Time { return e.OccurredAt }
+func (operationStream) recordSeq(op events.Operation) int64   { return op.Seq }
+func (operationStream) complete(events.Envelope) bool         { return true }
+func (operationStream) apply(op events.Operation, e events.Envelope) (events.Operation, error) {
+	return events.Apply(op, e)
+}
+
+func (operationStream) load(ctx context.Context, pool *pgxpool.Pool, keys []string) (map[string]events.Operation, error) {
+	return loadRecords(ctx, pool, keys)
+}
+
+func (operationStream) write(ctx context.Context, pool *pgxpool.Pool, ops []events.Operation) ([]string, error) {
+	// Rows are inserted in key order, so two statements that meet on the
+	// same new keys (two flushers, or replicas during a rebalance) wait for
+	// each other instead of deadlocking.
+	slices.SortFunc(ops, func(a, c events.Operation) int { return strings.Compare(a.Key, c.Key) })
+	return upsert(ctx, pool, ops)
+}
+
+func (s operationStream) journal(ctx context.Context, key string, afterSeq int64) ([]events.Envelope, error) {
+	stored, err := s.store.Events(ctx, key, afterSeq)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]events.Envelope, len(stored))
+	for i, e := range stored {
+		out[i] = e.Envelope
+	}
+	return out, nil
 }

@@ -22,6 +22,9 @@ var tableOwners = map[string]string{
 	"outbox":             "store",
 	"operation_state":    "projector",
 	"webhook_deliveries": "reconciler",
+	"workflows":          "workflow",
+	"workflow_events":    "workflow",
+	"workflow_state":     "projector",
 }
 
 // joinedReads are the statements that name another package's table on

@@ -56,6 +56,11 @@ type Spec struct {
 	// events and record before it is pruned to a tombstone. Zero means the
 	// deployment's default (EFFECTLINE_RETENTION).
 	DedupWindow time.Duration
+	// Internal marks a tool effectline generated for its own operations
+	// (a workflow step's undo, "<tool>~undo"). It runs like any tool, but
+	// it is not offered to models: MCP tools/list leaves it out, so no
+	// model can call an undo directly.
+	Internal bool
 
 	// schema and schemaDoc are ArgsSchema compiled and decoded, set by
 	// Prepare so that validation does not recompile per call.

@@ -76,7 +76,7 @@ func (c DriverConfig) WithDefaults() DriverConfig {
 // Driver advances workflow runs and publishes their events.
 //
 // It finds its work in PostgreSQL rather than on the outcomes topic: a run
-// waits on exactly one operation (Record.Awaiting, a column), and the sweep
+// waits on exactly one operation (events.Workflow.Awaiting, a column), and the sweep
 // joins the waiting runs to the operations' head rows, so "the operation
 // settled" is read from the same database the transition is written to.
 // Each transition runs in one transaction that locks the run's row (SKIP
@@ -186,7 +186,7 @@ func (d *Driver) advance(ctx context.Context, id string) (bool, error) {
 		if err != nil {
 			return err
 		}
-		var r Record
+		var r events.Workflow
 		if err := json.Unmarshal(raw, &r); err != nil {
 			return err
 		}

@@ -22,7 +22,7 @@ type intent struct {
 // plan is one transition: the workflow events and the intents that are
 // written together, or not at all.
 type plan struct {
-	rec     Record
+	rec     events.Workflow
 	events  []events.WorkflowEnvelope
 	intents []intent
 	// beforeIntents, if set, runs after the events are journaled and
@@ -35,7 +35,7 @@ func (p *plan) add(t events.WorkflowType, data any, at time.Time) error {
 	if err != nil {
 		return err
 	}
-	next, err := apply(p.rec, env)
+	next, err := events.ApplyWorkflow(p.rec, env)
 	if err != nil {
 		return err
 	}
@@ -71,7 +71,7 @@ func UndoKey(workflowID, step string, retries int) string {
 	return k
 }
 
-func (e *engine) def(r Record) (*Def, error) {
+func (e *engine) def(r events.Workflow) (*Def, error) {
 	d, ok := e.defs.Get(r.Workflow)
 	if !ok {
 		return nil, fmt.Errorf("workflow %s: %q is no longer declared in the tools file", r.WorkflowID, r.Workflow)
@@ -80,9 +80,9 @@ func (e *engine) def(r Record) (*Def, error) {
 }
 
 // stepIntent renders the args of step i.
-func (e *engine) stepIntent(d *Def, r Record, i int, key string) (intent, error) {
+func (e *engine) stepIntent(d *Def, r events.Workflow, i int, key string) (intent, error) {
 	s := d.Steps[i]
-	data, err := scope(r.Input, r.stepData())
+	data, err := scope(r.Input, stepData(r))
 	if err != nil {
 		return intent{}, err
 	}
@@ -96,9 +96,9 @@ func (e *engine) stepIntent(d *Def, r Record, i int, key string) (intent, error)
 // undoIntent is the operation that undoes a completed step: its tool's
 // compensate (through the tool's undo tool) for a compensable step, its
 // undo_with tool for another.
-func (e *engine) undoIntent(d *Def, r Record, name, key string) (intent, error) {
+func (e *engine) undoIntent(d *Def, r events.Workflow, name, key string) (intent, error) {
 	i := slices.IndexFunc(d.Steps, func(s Step) bool { return s.Name == name })
-	st := r.step(name)
+	st := r.Step(name)
 	if i < 0 || st == nil {
 		return intent{}, fmt.Errorf("no step %q", name)
 	}
@@ -115,7 +115,7 @@ func (e *engine) undoIntent(d *Def, r Record, name, key string) (intent, error) 
 	if !ok {
 		return intent{}, fmt.Errorf("step %s: undo_with: unknown tool %q", name, s.UndoWith)
 	}
-	data, err := scope(r.Input, r.stepData())
+	data, err := scope(r.Input, stepData(r))
 	if err != nil {
 		return intent{}, err
 	}
@@ -135,7 +135,7 @@ func settled(s events.Status) bool {
 }
 
 // advance is the transition after the awaited operation op settled.
-func (e *engine) advance(r Record, op events.Operation, now time.Time) (*plan, error) {
+func (e *engine) advance(r events.Workflow, op events.Operation, now time.Time) (*plan, error) {
 	d, err := e.def(r)
 	if err != nil {
 		return nil, err
@@ -143,7 +143,7 @@ func (e *engine) advance(r Record, op events.Operation, now time.Time) (*plan, e
 	p := &plan{rec: r}
 	switch r.Status {
 	case events.WorkflowRunning:
-		i := r.stepIndex(r.Current)
+		i := r.StepIndex(r.Current)
 		if i < 0 {
 			return nil, fmt.Errorf("workflow %s: no current step", r.WorkflowID)
 		}
@@ -157,7 +157,7 @@ func (e *engine) advance(r Record, op events.Operation, now time.Time) (*plan, e
 		return p, p.add(events.WorkflowEscalatedEvent, events.WorkflowEscalatedData{
 			Step: r.Current, OperationKey: op.Key, OperationStatus: op.Status,
 			Reason:    fmt.Sprintf("step %s ended %s (%s) after the pivot %s: nothing is undone without a decision", r.Current, op.Status, op.LastErrorClass, d.Steps[min(d.Pivot, len(d.Steps)-1)].Name),
-			StepsDone: r.done(),
+			StepsDone: r.Done(),
 		}, now)
 	case events.WorkflowUnwinding:
 		if len(r.Undo) == 0 {
@@ -168,7 +168,7 @@ func (e *engine) advance(r Record, op events.Operation, now time.Time) (*plan, e
 			return p, p.add(events.WorkflowEscalatedEvent, events.WorkflowEscalatedData{
 				Step: name, OperationKey: op.Key, OperationStatus: op.Status, Undo: true,
 				Reason:    fmt.Sprintf("the undo of step %s ended %s (%s): whether the step's effect stands is for a human to find out", name, op.Status, op.LastErrorClass),
-				StepsDone: r.done(),
+				StepsDone: r.Done(),
 			}, now)
 		}
 		return p, e.undone(d, p, name, now)
@@ -183,13 +183,13 @@ func (e *engine) stepCompleted(d *Def, p *plan, i int, op events.Operation, now 
 		if err := p.add(events.WorkflowStepCompleted, data, now); err != nil {
 			return err
 		}
-		return p.add(events.WorkflowCompletedEvent, events.WorkflowCompletedData{Steps: p.rec.done()}, now)
+		return p.add(events.WorkflowCompletedEvent, events.WorkflowCompletedData{Steps: p.rec.Done()}, now)
 	}
 	// The next step's args may read this step's result: render them on the
 	// record with this step completed.
 	probe := p.rec
-	probe.Steps = append([]StepState(nil), p.rec.Steps...)
-	probe.Steps[i].Status, probe.Steps[i].Result, probe.Steps[i].DownstreamID = StepCompleted, op.Result, op.DownstreamID
+	probe.Steps = append([]events.WorkflowStep(nil), p.rec.Steps...)
+	probe.Steps[i].Status, probe.Steps[i].Result, probe.Steps[i].DownstreamID = events.StepCompleted, op.Result, op.DownstreamID
 	nextKey := StepKey(p.rec.WorkflowID, d.Steps[i+1].Name, 0)
 	in, err := e.stepIntent(d, probe, i+1, nextKey)
 	if err != nil {
@@ -198,7 +198,7 @@ func (e *engine) stepCompleted(d *Def, p *plan, i int, op events.Operation, now 
 		}
 		return p.add(events.WorkflowEscalatedEvent, events.WorkflowEscalatedData{
 			Step: d.Steps[i+1].Name, Reason: fmt.Sprintf("the args of step %s cannot be rendered: %v", d.Steps[i+1].Name, err),
-			StepsDone: p.rec.done(),
+			StepsDone: p.rec.Done(),
 		}, now)
 	}
 	data.Next, data.NextOperationKey = d.Steps[i+1].Name, nextKey
@@ -208,10 +208,10 @@ func (e *engine) stepCompleted(d *Def, p *plan, i int, op events.Operation, now 
 
 // compensable lists the completed compensable steps before step i, last
 // first: what an automatic unwind undoes.
-func (e *engine) compensable(d *Def, r Record, i int) []string {
+func (e *engine) compensable(d *Def, r events.Workflow, i int) []string {
 	var out []string
 	for j := i - 1; j >= 0; j-- {
-		if d.Steps[j].Effect == events.Compensable && r.Steps[j].Status == StepCompleted {
+		if d.Steps[j].Effect == events.Compensable && r.Steps[j].Status == events.StepCompleted {
 			out = append(out, d.Steps[j].Name)
 		}
 	}
@@ -220,10 +220,10 @@ func (e *engine) compensable(d *Def, r Record, i int) []string {
 
 // undoable lists every completed step that can be undone, last first: what
 // an approver's unwind undoes.
-func (e *engine) undoable(d *Def, r Record) []string {
+func (e *engine) undoable(d *Def, r events.Workflow) []string {
 	var out []string
 	for j := len(d.Steps) - 1; j >= 0; j-- {
-		if r.Steps[j].Status == StepCompleted && (d.Steps[j].Effect == events.Compensable || d.Steps[j].UndoWith != "") {
+		if r.Steps[j].Status == events.StepCompleted && (d.Steps[j].Effect == events.Compensable || d.Steps[j].UndoWith != "") {
 			out = append(out, d.Steps[j].Name)
 		}
 	}
@@ -272,7 +272,7 @@ func (e *engine) undone(d *Def, p *plan, name string, now time.Time) error {
 	}
 	var undone []string
 	for _, s := range p.rec.Steps {
-		if s.Status == StepUndone {
+		if s.Status == events.StepUndone {
 			undone = append(undone, s.Name)
 		}
 	}
@@ -281,7 +281,7 @@ func (e *engine) undone(d *Def, p *plan, name string, now time.Time) error {
 }
 
 // decide is an approver's decision on an escalated run.
-func (e *engine) decide(r Record, action events.WorkflowAction, note, approver string, now time.Time) (*plan, error) {
+func (e *engine) decide(r events.Workflow, action events.WorkflowAction, note, approver string, now time.Time) (*plan, error) {
 	if r.Status != events.WorkflowEscalated || r.Escalation == nil {
 		return nil, fmt.Errorf("%w: the workflow is %s", ErrNotWaiting, r.Status)
 	}
@@ -296,7 +296,7 @@ func (e *engine) decide(r Record, action events.WorkflowAction, note, approver s
 	case events.WorkflowAbandon:
 		return p, p.add(events.WorkflowDecisionRecorded, dec, now)
 	case events.WorkflowRetryStep:
-		st := r.step(esc.Step)
+		st := r.Step(esc.Step)
 		if st == nil {
 			return nil, fmt.Errorf("%w: no step %q", ErrInvalidDecision, esc.Step)
 		}
@@ -304,7 +304,7 @@ func (e *engine) decide(r Record, action events.WorkflowAction, note, approver s
 		if esc.Undo {
 			in, err = e.undoIntent(d, r, esc.Step, UndoKey(r.WorkflowID, esc.Step, st.UndoRetries+1))
 		} else {
-			in, err = e.stepIntent(d, r, r.stepIndex(esc.Step), StepKey(r.WorkflowID, esc.Step, st.Retries+1))
+			in, err = e.stepIntent(d, r, r.StepIndex(esc.Step), StepKey(r.WorkflowID, esc.Step, st.Retries+1))
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidDecision, err)
@@ -328,8 +328,8 @@ func (e *engine) decide(r Record, action events.WorkflowAction, note, approver s
 
 // nextUndoKey is the key of the next undo of a step: a step undone before
 // (an undo that failed and is tried again) gets a new key.
-func nextUndoKey(r Record, name string) string {
-	st := r.step(name)
+func nextUndoKey(r events.Workflow, name string) string {
+	st := r.Step(name)
 	n := st.UndoRetries
 	if st.UndoKey != "" {
 		n++

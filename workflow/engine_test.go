@@ -74,7 +74,7 @@ type run struct {
 	t   *testing.T
 	e   *engine
 	sch *jsonschema.Schema
-	rec Record
+	rec events.Workflow
 	// intents are every intent recorded, in order.
 	intents []intent
 }
@@ -105,9 +105,14 @@ func startRun(t *testing.T) *run {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &plan{rec: newRecord(d, "w1"), intents: []intent{in}}
+	// The run starts from the empty record, as a reader of the events has
+	// it: its steps come from workflow.started, which the schema checks.
+	p := &plan{rec: events.Workflow{WorkflowID: "w1", Workflow: d.Name}, intents: []intent{in}}
 	r.take(p, p.add(events.WorkflowStarted, events.WorkflowStartedData{Input: base.Input, InputHash: "h", Principal: "p",
-		Step: "reserve", OperationKey: in.key}, time.Now()))
+		Step: "reserve", OperationKey: in.key, Steps: stepDecls(d)}, time.Now()))
+	if len(r.rec.Steps) != len(d.Steps) || r.rec.Steps[0].Status != events.StepRunning || r.rec.Steps[1].Tool != d.Steps[1].Tool {
+		t.Fatalf("the record after workflow.started has steps %+v, want the declared %d", r.rec.Steps, len(d.Steps))
+	}
 	return r
 }
 

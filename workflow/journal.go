@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/store"
@@ -46,7 +48,7 @@ type querier interface {
 }
 
 // load reads the head of a run; forUpdate locks it for the transaction.
-func load(ctx context.Context, q querier, id string, forUpdate bool) (Record, error) {
+func load(ctx context.Context, q querier, id string, forUpdate bool) (events.Workflow, error) {
 	sql := `SELECT record FROM workflows WHERE workflow_id = $1`
 	if forUpdate {
 		sql += ` FOR UPDATE`
@@ -54,13 +56,13 @@ func load(ctx context.Context, q querier, id string, forUpdate bool) (Record, er
 	var raw []byte
 	if err := q.QueryRow(ctx, sql, id).Scan(&raw); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
-			return Record{}, fmt.Errorf("loading workflow %s: %w", id, ErrNotFound)
+			return events.Workflow{}, fmt.Errorf("loading workflow %s: %w", id, ErrNotFound)
 		}
-		return Record{}, fmt.Errorf("loading workflow %s: %w", id, err)
+		return events.Workflow{}, fmt.Errorf("loading workflow %s: %w", id, err)
 	}
-	var r Record
+	var r events.Workflow
 	if err := json.Unmarshal(raw, &r); err != nil {
-		return Record{}, fmt.Errorf("loading workflow %s: decoding the record: %w", id, err)
+		return events.Workflow{}, fmt.Errorf("loading workflow %s: decoding the record: %w", id, err)
 	}
 	return r, nil
 }
@@ -69,7 +71,7 @@ func load(ctx context.Context, q querier, id string, forUpdate bool) (Record, er
 // plan's record only if it is still at base.Seq (the claim of the
 // transition), the events are appended, and the plan's intents recorded.
 // base.Seq 0 creates the run; false means another writer got there first.
-func write(ctx context.Context, tx pgx.Tx, base Record, p *plan, prefix, traceparent string) (bool, error) {
+func write(ctx context.Context, tx pgx.Tx, base events.Workflow, p *plan, prefix, traceparent string) (bool, error) {
 	rec := p.rec
 	rec.Events, rec.Operations = nil, nil
 	raw, err := json.Marshal(rec)
@@ -184,4 +186,121 @@ func journal(ctx context.Context, q querier, id string) ([]events.WorkflowEnvelo
 		out = append(out, e)
 	}
 	return out, rows.Err()
+}
+
+// Journal reads the workflow journal for those who fold it elsewhere: the
+// projector's gap fills and rebuild of workflow_state. It is safe for
+// concurrent use.
+type Journal struct {
+	pool *pgxpool.Pool
+}
+
+// NewJournal returns a reader of the workflow journal in pool's database.
+func NewJournal(pool *pgxpool.Pool) *Journal { return &Journal{pool: pool} }
+
+// WorkflowEvents returns the events of run id after afterSeq, in seq order.
+func (j *Journal) WorkflowEvents(ctx context.Context, id string, afterSeq int64) ([]events.JournaledWorkflowEvent, error) {
+	rows, err := j.pool.Query(ctx, `SELECT envelope, traceparent FROM workflow_events
+		WHERE workflow_id = $1 AND seq > $2 ORDER BY seq`, id, afterSeq)
+	if err != nil {
+		return nil, fmt.Errorf("reading workflow %s after seq %d: %w", id, afterSeq, store.InterpretError(err))
+	}
+	out, err := pgx.CollectRows(rows, scanJournaled)
+	if err != nil {
+		return nil, fmt.Errorf("reading workflow %s after seq %d: %w", id, afterSeq, store.InterpretError(err))
+	}
+	return out, nil
+}
+
+// WorkflowJournalTx streams every journaled workflow event inside the
+// caller's transaction, in (workflow_id, seq) order, pageSize events per
+// query. Each page is a range scan of the primary key that starts where the
+// last one ended (store.JournalTx reads the operations' journal the same
+// way). The first error ends the sequence.
+func (j *Journal) WorkflowJournalTx(ctx context.Context, tx pgx.Tx, pageSize int) iter.Seq2[events.JournaledWorkflowEvent, error] {
+	return func(yield func(events.JournaledWorkflowEvent, error) bool) {
+		var (
+			afterID  string
+			afterSeq int64
+		)
+		for {
+			rows, err := tx.Query(ctx, `SELECT envelope, traceparent FROM workflow_events
+				WHERE (workflow_id, seq) > ($1, $2) ORDER BY workflow_id, seq LIMIT $3`, afterID, afterSeq, pageSize)
+			if err != nil {
+				yield(events.JournaledWorkflowEvent{}, fmt.Errorf("reading workflow events after %s/%d: %w", afterID, afterSeq, store.InterpretError(err)))
+				return
+			}
+			page, err := pgx.CollectRows(rows, scanJournaled)
+			if err != nil {
+				yield(events.JournaledWorkflowEvent{}, fmt.Errorf("reading workflow events after %s/%d: %w", afterID, afterSeq, store.InterpretError(err)))
+				return
+			}
+			for _, e := range page {
+				if !yield(e, nil) {
+					return
+				}
+			}
+			if len(page) < pageSize {
+				return
+			}
+			last := page[len(page)-1]
+			afterID, afterSeq = last.WorkflowID, last.Seq
+		}
+	}
+}
+
+func scanJournaled(row pgx.CollectableRow) (events.JournaledWorkflowEvent, error) {
+	var (
+		raw []byte
+		tp  string
+	)
+	if err := row.Scan(&raw, &tp); err != nil {
+		return events.JournaledWorkflowEvent{}, err
+	}
+	e, err := events.DecodeWorkflow(raw)
+	if err != nil {
+		return events.JournaledWorkflowEvent{}, err
+	}
+	return events.JournaledWorkflowEvent{WorkflowEnvelope: e, Traceparent: tp}, nil
+}
+
+// The reads below are for reports and the benchmark, not for a hot path:
+// each scans every run whose id starts with prefix.
+
+// HeadTimes returns, for the runs whose id starts with prefix and that are
+// now in status, when their head last changed.
+func (j *Journal) HeadTimes(ctx context.Context, prefix string, status events.WorkflowStatus) (map[string]time.Time, error) {
+	rows, err := j.pool.Query(ctx, `SELECT workflow_id, updated_at FROM workflows
+		WHERE starts_with(workflow_id, $1) AND status = $2`, prefix, string(status))
+	if err != nil {
+		return nil, fmt.Errorf("reading the runs under %q: %w", prefix, store.InterpretError(err))
+	}
+	out, err := store.KeyTimes(rows)
+	if err != nil {
+		return nil, fmt.Errorf("reading the runs under %q: %w", prefix, store.InterpretError(err))
+	}
+	return out, nil
+}
+
+// CountSettled returns how many runs whose id starts with prefix wait on
+// nothing any more (neither running nor unwinding).
+func (j *Journal) CountSettled(ctx context.Context, prefix string) (int, error) {
+	var n int
+	if err := j.pool.QueryRow(ctx, `SELECT count(*) FROM workflows WHERE starts_with(workflow_id, $1)
+		AND status NOT IN ('running', 'unwinding')`, prefix).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting the runs under %q: %w", prefix, store.InterpretError(err))
+	}
+	return n, nil
+}
+
+// CountTransitions returns how many transactions after the start wrote
+// events of the runs whose id starts with prefix: a transition's events
+// share their occurred_at.
+func (j *Journal) CountTransitions(ctx context.Context, prefix string) (int64, error) {
+	var n int64
+	if err := j.pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT DISTINCT workflow_id, occurred_at FROM workflow_events
+		WHERE starts_with(workflow_id, $1) AND seq > 1) t`, prefix).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting the transitions under %q: %w", prefix, store.InterpretError(err))
+	}
+	return n, nil
 }

@@ -63,8 +63,8 @@ func NewService(st *store.Store, defs *Set, reg *tool.Registry, topicPrefix stri
 func (s *Service) Defs() *Set { return s.eng.defs }
 
 // Start records a run in its own transaction; see StartTx.
-func (s *Service) Start(ctx context.Context, in Start) (Record, bool, error) {
-	var rec Record
+func (s *Service) Start(ctx context.Context, in Start) (events.Workflow, bool, error) {
+	var rec events.Workflow
 	var created bool
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var err error
@@ -72,7 +72,7 @@ func (s *Service) Start(ctx context.Context, in Start) (Record, bool, error) {
 		return err
 	})
 	if err != nil {
-		return Record{}, false, err
+		return events.Workflow{}, false, err
 	}
 	if created {
 		s.store.NotifyAppended()
@@ -86,10 +86,10 @@ func (s *Service) Start(ctx context.Context, in Start) (Record, bool, error) {
 // not an error: the recorded run is returned with created false. With
 // another workflow or input the error wraps ErrPayloadConflict. Neither
 // writes anything or aborts tx.
-func (s *Service) StartTx(ctx context.Context, tx pgx.Tx, in Start) (Record, bool, error) {
+func (s *Service) StartTx(ctx context.Context, tx pgx.Tx, in Start) (events.Workflow, bool, error) {
 	d, hash, err := s.check(in)
 	if err != nil {
-		return Record{}, false, err
+		return events.Workflow{}, false, err
 	}
 	base := newRecord(d, in.WorkflowID)
 	p := &plan{rec: base}
@@ -97,23 +97,23 @@ func (s *Service) StartTx(ctx context.Context, tx pgx.Tx, in Start) (Record, boo
 	base.Input = in.Input // the first step's args read the input
 	fi, err := s.eng.stepIntent(d, base, 0, first)
 	if err != nil {
-		return Record{}, false, &InputError{Field: "input", Reason: err.Error()}
+		return events.Workflow{}, false, &InputError{Field: "input", Reason: err.Error()}
 	}
 	p.intents = append(p.intents, fi)
 	if err := p.add(events.WorkflowStarted, events.WorkflowStartedData{Input: in.Input, InputHash: hash,
-		Principal: in.Principal, Step: d.Steps[0].Name, OperationKey: first}, s.now()); err != nil {
-		return Record{}, false, err
+		Principal: in.Principal, Step: d.Steps[0].Name, OperationKey: first, Steps: stepDecls(d)}, s.now()); err != nil {
+		return events.Workflow{}, false, err
 	}
-	ok, err := write(ctx, tx, Record{}, p, s.prefix, startTrace(ctx))
+	ok, err := write(ctx, tx, events.Workflow{}, p, s.prefix, startTrace(ctx))
 	if err != nil {
-		return Record{}, false, err
+		return events.Workflow{}, false, err
 	}
 	if ok {
 		return p.rec, true, nil
 	}
 	existing, err := load(ctx, tx, in.WorkflowID, false)
 	if err != nil {
-		return Record{}, false, err
+		return events.Workflow{}, false, err
 	}
 	if existing.Workflow != in.Workflow || existing.InputHash != hash {
 		return existing, false, fmt.Errorf("workflow %s: %w", in.WorkflowID, ErrPayloadConflict)
@@ -185,13 +185,13 @@ func checkID(id string) string {
 }
 
 // Get returns a run with its events and a summary of its operations.
-func (s *Service) Get(ctx context.Context, id string) (Record, error) {
+func (s *Service) Get(ctx context.Context, id string) (events.Workflow, error) {
 	r, err := load(ctx, s.pool, id, false)
 	if err != nil {
-		return Record{}, err
+		return events.Workflow{}, err
 	}
 	if r.Events, err = journal(ctx, s.pool, id); err != nil {
-		return Record{}, err
+		return events.Workflow{}, err
 	}
 	var keys []string
 	for _, st := range r.Steps {
@@ -203,48 +203,22 @@ func (s *Service) Get(ctx context.Context, id string) (Record, error) {
 	}
 	ops, err := s.store.LoadMany(ctx, keys)
 	if err != nil {
-		return Record{}, err
+		return events.Workflow{}, err
 	}
-	r.Operations = map[string]OperationSummary{}
+	r.Operations = map[string]events.WorkflowOperation{}
 	for k, op := range ops {
-		r.Operations[k] = OperationSummary{Status: op.Status, Attempt: op.Attempt, LastErrorClass: op.LastErrorClass}
+		r.Operations[k] = events.WorkflowOperation{Status: op.Status, Attempt: op.Attempt, LastErrorClass: op.LastErrorClass}
 	}
 	return r, nil
 }
 
-// List returns up to limit runs, newest first, optionally of one status.
-func (s *Service) List(ctx context.Context, status events.WorkflowStatus, limit int) ([]Record, error) {
-	if limit <= 0 || limit > 500 {
-		limit = 100
-	}
-	rows, err := s.pool.Query(ctx, `SELECT record FROM workflows WHERE ($1 = '' OR status = $1)
-		ORDER BY created_at DESC, workflow_id DESC LIMIT $2`, string(status), limit)
-	if err != nil {
-		return nil, fmt.Errorf("listing workflows: %w", err)
-	}
-	defer rows.Close()
-	out := []Record{}
-	for rows.Next() {
-		var raw []byte
-		if err := rows.Scan(&raw); err != nil {
-			return nil, err
-		}
-		var r Record
-		if err := json.Unmarshal(raw, &r); err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
-}
-
 // Decide records an approver's decision on an escalated run, and the
 // intent it calls for, in one transaction.
-func (s *Service) Decide(ctx context.Context, id string, action events.WorkflowAction, note, approver string) (Record, error) {
+func (s *Service) Decide(ctx context.Context, id string, action events.WorkflowAction, note, approver string) (events.Workflow, error) {
 	if approver == "" {
-		return Record{}, fmt.Errorf("%w: no approver", ErrInvalidDecision)
+		return events.Workflow{}, fmt.Errorf("%w: no approver", ErrInvalidDecision)
 	}
-	var rec Record
+	var rec events.Workflow
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		r, err := load(ctx, tx, id, true)
 		if err != nil {

@@ -74,7 +74,7 @@ func RegisterUndoTools(reg *tool.Registry, defs *Set) error {
 			u := &undoTool{inner: comp, spec: tool.Spec{
 				Name: UndoToolName(s.Tool), Effect: events.Idempotent, Caps: spec.Caps,
 				AllowedPrincipals: spec.AllowedPrincipals, IdempotencyHeader: spec.IdempotencyHeader,
-				Timeout: spec.Timeout,
+				Timeout: spec.Timeout, Internal: true,
 				ArgsSchema: json.RawMessage(`{"type":"object","required":["operation_key","downstream_key"],` +
 					`"properties":{"operation_key":{"type":"string"},"downstream_key":{"type":"string"},` +
 					`"downstream_id":{"type":"string"},"undo_ref":{"type":"string"}}}`),

@@ -30,7 +30,6 @@ import (
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
-	"github.com/effectline/effectline/workflow"
 )
 
 // Server is what the UI needs of the HTTP API it is mounted in, so a page
@@ -76,12 +75,16 @@ type Store interface {
 	Events(ctx context.Context, key string, afterSeq int64) ([]store.StoredEvent, error)
 }
 
-// Workflows reads workflow runs and records their decisions;
-// *workflow.Service is one.
+// Workflows reads workflow runs from their heads and records their
+// decisions; *workflow.Service is one.
 type Workflows interface {
-	Get(ctx context.Context, id string) (workflow.Record, error)
-	List(ctx context.Context, status events.WorkflowStatus, limit int) ([]workflow.Record, error)
-	Decide(ctx context.Context, id string, action events.WorkflowAction, note, approver string) (workflow.Record, error)
+	Get(ctx context.Context, id string) (events.Workflow, error)
+	Decide(ctx context.Context, id string, action events.WorkflowAction, note, approver string) (events.Workflow, error)
+}
+
+// WorkflowRuns pages the workflow read model; *projector.Reader is one.
+type WorkflowRuns interface {
+	ListWorkflows(ctx context.Context, f events.WorkflowFilter) (events.WorkflowPage, error)
 }
 
 // Tools looks registered tools up; *tool.Registry is one.
@@ -99,13 +102,15 @@ type Config struct {
 }
 
 // Deps are what the UI reads and decides through; all are required but
-// Workflows (nil: a process without workflows has no workflow pages).
+// Workflows (nil: a process without workflows has no workflow pages) and
+// WorkflowRuns (nil: the queue lists no workflows).
 type Deps struct {
-	Server     Server
-	Operations Operations
-	Store      Store
-	Tools      Tools
-	Workflows  Workflows
+	Server       Server
+	Operations   Operations
+	Store        Store
+	Tools        Tools
+	Workflows    Workflows
+	WorkflowRuns WorkflowRuns
 }
 
 // UI serves the approval pages. Mount its Routes in a server.
@@ -117,6 +122,7 @@ type UI struct {
 	store      Store
 	tools      Tools
 	workflows  Workflows
+	runs       WorkflowRuns
 }
 
 // New returns the UI. It does no I/O.
@@ -126,5 +132,5 @@ func New(cfg Config, deps Deps) *UI {
 		log = slog.Default()
 	}
 	return &UI{cfg: cfg, log: log, server: deps.Server, operations: deps.Operations,
-		store: deps.Store, tools: deps.Tools, workflows: deps.Workflows}
+		store: deps.Store, tools: deps.Tools, workflows: deps.Workflows, runs: deps.WorkflowRuns}
 }

@@ -20,19 +20,23 @@ type uiWorkflowItem struct {
 	Undo                                    bool
 }
 
-// waitingWorkflows lists the escalated runs sess may read, longest
-// waiting first. Runs are read from the workflow journal's heads (there is
-// no read model of them), up to uiQueueLimit.
+// waitingWorkflows lists the escalated runs sess may read, from the
+// workflow read model, narrowed to sess's own runs by the query when sess
+// reads only its own, up to uiQueueLimit, oldest first.
 func (s *UI) waitingWorkflows(r *http.Request, sess uiSession) ([]uiWorkflowItem, bool, error) {
-	if s.workflows == nil {
+	if s.workflows == nil || s.runs == nil {
 		return nil, false, nil
 	}
-	recs, err := s.workflows.List(r.Context(), events.WorkflowEscalated, uiQueueLimit)
+	scope, ok := s.server.ListScope(sess.Principal, sess.Approver)
+	if !ok {
+		return nil, false, nil
+	}
+	page, err := s.runs.ListWorkflows(r.Context(), events.WorkflowFilter{Status: events.WorkflowEscalated, Principal: scope, Limit: uiQueueLimit})
 	if err != nil {
 		return nil, false, err
 	}
 	var out []uiWorkflowItem
-	for _, rec := range slices.Backward(recs) {
+	for _, rec := range slices.Backward(page.Items) {
 		if !s.mayReadWorkflow(sess, rec) {
 			continue
 		}
@@ -43,12 +47,12 @@ func (s *UI) waitingWorkflows(r *http.Request, sess uiSession) ([]uiWorkflowItem
 		}
 		out = append(out, it)
 	}
-	return out, len(recs) == uiQueueLimit, nil
+	return out, page.NextCursor != "", nil
 }
 
 // mayReadWorkflow is the operations' rule for a run: its own principal's,
 // or every run for approvers and readers.
-func (s *UI) mayReadWorkflow(sess uiSession, rec workflow.Record) bool {
+func (s *UI) mayReadWorkflow(sess uiSession, rec events.Workflow) bool {
 	return s.server.MayRead(sess.Principal, sess.Approver, events.Operation{Principal: rec.Principal})
 }
 
@@ -144,7 +148,7 @@ func (s *UI) uiWorkflow(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, st := range rec.Steps {
 		v.Steps = append(v.Steps, uiWorkflowStep{Name: st.Name, Tool: st.Tool, EffectClass: string(st.Effect),
-			Status: st.Status, Op: link(st.OperationKey), Undo: link(st.UndoKey), Retries: st.Retries})
+			Status: string(st.Status), Op: link(st.OperationKey), Undo: link(st.UndoKey), Retries: st.Retries})
 	}
 	v.Awaiting = link(rec.Awaiting)
 	v.WaitText = waitText(rec, v.Awaiting)
@@ -180,7 +184,7 @@ func workflowEventData(e events.WorkflowEnvelope) string {
 }
 
 // waitText says in words what a run waits on.
-func waitText(rec workflow.Record, op *uiOpLink) string {
+func waitText(rec events.Workflow, op *uiOpLink) string {
 	switch {
 	case rec.Status == events.WorkflowEscalated:
 		return "The run waits for an approver's decision on the run itself: retry the step, unwind, or abandon."
@@ -204,7 +208,7 @@ func waitText(rec workflow.Record, op *uiOpLink) string {
 
 // workflowDecideForm builds the run's decision buttons. Unwind is shown
 // disabled with the reason when there is nothing to undo.
-func workflowDecideForm(rec workflow.Record, sess uiSession) *uiWorkflowDecideForm {
+func workflowDecideForm(rec events.Workflow, sess uiSession) *uiWorkflowDecideForm {
 	f := &uiWorkflowDecideForm{URL: uiWorkflowHref(rec.WorkflowID) + "/decisions", CSRF: sess.CSRF}
 	for _, a := range events.WorkflowActions() {
 		b := uiWorkflowButton{Action: a}

@@ -12,6 +12,7 @@ import (
 	"github.com/effectline/effectline/api"
 	"github.com/effectline/effectline/api/ui"
 	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/projector"
 	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool"
 	"github.com/effectline/effectline/workflow"
@@ -40,7 +41,19 @@ func withWorkflows(t *testing.T, svc **workflow.Service) option {
 		}
 		*svc = workflow.NewService(d.Store, defs, reg, "")
 		d.Workflows = *svc
+		d.WorkflowRuns = caughtUpRuns{d.Store}
 	}
+}
+
+// caughtUpRuns is the workflow read model as it stands once the projector
+// has caught up with the journal: rebuilt from it before each list.
+type caughtUpRuns struct{ st *store.Store }
+
+func (c caughtUpRuns) ListWorkflows(ctx context.Context, f events.WorkflowFilter) (events.WorkflowPage, error) {
+	if _, err := projector.Rebuild(ctx, c.st, workflow.NewJournal(c.st.Pool())); err != nil {
+		return events.WorkflowPage{}, err
+	}
+	return projector.NewReader(c.st.Pool()).ListWorkflows(ctx, f)
 }
 
 // settleStep journals the rest of a step's operation as the executor

@@ -16,6 +16,7 @@ import (
 	"github.com/effectline/effectline/cmd/effectline/loadgen"
 	"github.com/effectline/effectline/projector"
 	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/workflow"
 )
 
 // runComponents is `effectline run`.
@@ -149,11 +150,12 @@ func runProjectorCmd(ctx context.Context, args []string, getenv func(string) str
 		return err
 	}
 	start := time.Now()
-	n, err := projector.Rebuild(ctx, store.New(pool))
+	n, err := projector.Rebuild(ctx, store.New(pool), workflow.NewJournal(pool))
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "rebuilt operation_state: %d operations in %s\n", n, time.Since(start).Round(time.Millisecond))
+	fmt.Fprintf(stdout, "rebuilt operation_state: %d operations, workflow_state: %d workflow runs in %s\n",
+		n.Operations, n.Workflows, time.Since(start).Round(time.Millisecond))
 	return nil
 }
 

@@ -135,13 +135,13 @@ func runWorkflowCrashCell(t *testing.T, bin, point string, unwind bool, trial in
 	if unwind {
 		want = events.WorkflowUnwound
 	}
-	var rec workflow.Record
+	var rec events.Workflow
 	settled := waitForSoft(ctx, func() bool {
 		var raw []byte
 		if err := pool.QueryRow(ctx, `SELECT record FROM workflows WHERE workflow_id = $1`, id).Scan(&raw); err != nil {
 			return false
 		}
-		rec = workflow.Record{}
+		rec = events.Workflow{}
 		return json.Unmarshal(raw, &rec) == nil && !rec.Status.Active()
 	})
 	// Give a wrong extra request the time to happen before counting.
@@ -168,7 +168,7 @@ func runWorkflowCrashCell(t *testing.T, bin, point string, unwind bool, trial in
 
 // wfCrashFigures counts what the downstream saw of run id against the
 // run's final record.
-func wfCrashFigures(fake *testenv.FakeTool, id string, rec workflow.Record, unwind bool) wfCrashResult {
+func wfCrashFigures(fake *testenv.FakeTool, id string, rec events.Workflow, unwind bool) wfCrashResult {
 	var f wfCrashResult
 	stepOf := func(key string) int {
 		rest := strings.TrimPrefix(key, "wf:"+id+"/")
@@ -224,7 +224,7 @@ func wfCrashFigures(fake *testenv.FakeTool, id string, rec workflow.Record, unwi
 	// undone (unwind).
 	if unwind {
 		for _, name := range []string{"hold1", "hold2"} {
-			if i := slices.Index(crashWorkflowSteps, name); !slices.Contains(released, i) || rec.Steps[i].Status != workflow.StepUndone {
+			if i := slices.Index(crashWorkflowSteps, name); !slices.Contains(released, i) || rec.Steps[i].Status != events.StepUndone {
 				f.lost++
 			}
 		}
@@ -232,13 +232,13 @@ func wfCrashFigures(fake *testenv.FakeTool, id string, rec workflow.Record, unwi
 		return f
 	}
 	for i := range crashWorkflowSteps {
-		if !slices.Contains(invoked, i) || len(rec.Steps) <= i || rec.Steps[i].Status != workflow.StepCompleted {
+		if !slices.Contains(invoked, i) || len(rec.Steps) <= i || rec.Steps[i].Status != events.StepCompleted {
 			f.lost++
 		}
 	}
 	for _, k := range standingReservations {
 		i := stepOf(k)
-		if i < 0 || len(rec.Steps) <= i || rec.Steps[i].Status != workflow.StepCompleted {
+		if i < 0 || len(rec.Steps) <= i || rec.Steps[i].Status != events.StepCompleted {
 			f.orphaned++
 		}
 	}

@@ -288,8 +288,11 @@ func (a *App) build(names []string) ([]Component, error) {
 			}
 			out = append(out, Component{name, x.Run})
 		case Projector:
+			// The workflow projection runs wherever the projector does, so
+			// GET /v1/workflows lists what the journal holds whichever
+			// processes run the workflow driver.
 			p, err := projector.New(projector.Config{
-				Kafka: a.Kafka, Store: a.Store, Base: base,
+				Kafka: a.Kafka, Store: a.Store, Base: base, Workflows: workflow.NewJournal(a.Pool),
 			})
 			if err != nil {
 				return nil, err
@@ -346,7 +349,8 @@ func consumerGroups(k kafka.Config, names []string) []kafka.GroupTopic {
 		case Executor:
 			out = append(out, kafka.GroupTopic{Group: executor.Config{}.WithDefaults().Group, Topic: k.Topic(events.TopicIntents)})
 		case Projector:
-			out = append(out, kafka.GroupTopic{Group: projector.DefaultGroup, Topic: k.Topic(events.TopicOutcomes)})
+			out = append(out, kafka.GroupTopic{Group: projector.DefaultGroup, Topic: k.Topic(events.TopicOutcomes)},
+				kafka.GroupTopic{Group: projector.DefaultWorkflowGroup, Topic: k.Topic(events.TopicWorkflows)})
 		case Reconciler:
 			out = append(out, kafka.GroupTopic{Group: reconciler.Config{}.WithDefaults().Group, Topic: k.Topic(events.TopicOutcomes)})
 		}
@@ -391,7 +395,10 @@ func (a *App) buildAPI() (*api.Server, error) {
 		Committer:  a.Committer,
 		Tools:      a.Tools,
 		Operations: projector.NewReader(a.Pool),
-		Metrics:    a.Tel.MetricsHandler(),
+		// Runs are listed from the read model and read one by one from
+		// their heads (Workflows), as operations are.
+		WorkflowRuns: projector.NewReader(a.Pool),
+		Metrics:      a.Tel.MetricsHandler(),
 		// With the tools, decisions apply the tools' approval rules and ask
 		// the downstream again before a retry or an abandon.
 		Decider: reconciler.NewDecider(a.Store, reconciler.WithTopicPrefix(a.Kafka.TopicPrefix),

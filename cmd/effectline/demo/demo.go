@@ -114,7 +114,7 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 		}
 		if o.id == cfg.OrderID {
 			for _, st := range rec.Steps {
-				if st.Status == workflow.StepCompleted {
+				if st.Status == events.StepCompleted {
 					sum.Completed++
 				}
 			}
@@ -144,12 +144,12 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 // runOrder starts (or resumes) one order's workflow and follows each step's
 // operation until the workflow ends or waits on an operation that waits
 // for a human.
-func runOrder(ctx context.Context, cfg Config, tl *timeline, o order) ([]events.Operation, workflow.Record, error) {
+func runOrder(ctx context.Context, cfg Config, tl *timeline, o order) ([]events.Operation, events.Workflow, error) {
 	input, err := json.Marshal(map[string]any{"order_id": o.id, "sku": "SKU-42", "quantity": 2, "amount": o.amount})
 	if err != nil {
-		return nil, workflow.Record{}, err
+		return nil, events.Workflow{}, err
 	}
-	var rec workflow.Record
+	var rec events.Workflow
 	var created bool
 	err = pgx.BeginFunc(ctx, cfg.Store.Pool(), func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO demo_orders (order_id, step) VALUES ($1, 'placed')

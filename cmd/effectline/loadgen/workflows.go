@@ -12,7 +12,6 @@ import (
 
 	"github.com/effectline/effectline/cmd/effectline/app"
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/tool/httptool"
 	"github.com/effectline/effectline/workflow"
 )
@@ -128,12 +127,8 @@ func RunWorkflows(ctx context.Context, bc Config, cfg app.Config, getenv func(st
 	journalCommits := a.Store.SyncCommits() - beforeJournal
 
 	// End to end: the start's commit to the run's completed head.
-	rows, err := a.Pool.Query(ctx, `SELECT workflow_id, updated_at FROM workflows WHERE workflow_id LIKE 'wfbench-%' AND status = $1`,
-		string(events.WorkflowCompleted))
-	if err != nil {
-		return err
-	}
-	finished, err := store.KeyTimes(rows)
+	journal := workflow.NewJournal(a.Pool)
+	finished, err := journal.HeadTimes(ctx, "wfbench-", events.WorkflowCompleted)
 	if err != nil {
 		return err
 	}
@@ -177,9 +172,8 @@ func RunWorkflows(ctx context.Context, bc Config, cfg app.Config, getenv func(st
 
 	// The driver's transitions commit one transaction each (start, and one
 	// per settled step); a transition's events share its occurred_at.
-	var transitions int64
-	if err := a.Pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT DISTINCT workflow_id, occurred_at FROM workflow_events
-		WHERE workflow_id LIKE 'wfbench-%' AND seq > 1) t`).Scan(&transitions); err != nil {
+	transitions, err := journal.CountTransitions(ctx, "wfbench-")
+	if err != nil {
 		return err
 	}
 	starts := int64(completed)
@@ -240,10 +234,11 @@ func (bc Config) runWorkflows(ctx, runCtx context.Context, a *app.App, id func(i
 			}
 		case <-tick.C:
 		}
-		if err := a.Pool.QueryRow(ctx, `SELECT count(*) FROM workflows WHERE workflow_id LIKE $1 || '%'
-			AND status NOT IN ('running', 'unwinding')`, prefix).Scan(&finished); err != nil {
+		n, err := workflow.NewJournal(a.Pool).CountSettled(ctx, prefix)
+		if err != nil {
 			return err
 		}
+		finished = n
 		progress(progressTo, finished, bc.N, time.Since(begin))
 	}
 	fmt.Fprintln(progressTo)
