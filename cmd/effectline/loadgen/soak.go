@@ -354,9 +354,6 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // it returns how many it submitted.
 func (bc Config) soakLoad(ctx context.Context, a *app.App, f *inFlight, key func(int) string, n int, until time.Time) (int, error) {
 	batch := bc.effectiveBatch()
-	interval := time.Duration(float64(time.Second) * float64(batch) / float64(bc.Rate))
-	t := time.NewTicker(interval)
-	defer t.Stop()
 	// At most this many agent transactions at once: a stalled database
 	// slows the agent down rather than piling up goroutines, and the
 	// window lines show the rate achieved.
@@ -364,16 +361,10 @@ func (bc Config) soakLoad(ctx context.Context, a *app.App, f *inFlight, key func
 	var wg sync.WaitGroup
 	var failed atomic.Pointer[error]
 	next := 0
-	for (n < 0 || next < n) && time.Now().Before(until) {
-		if p := failed.Load(); p != nil {
-			wg.Wait()
-			return next, *p
-		}
-		select {
-		case <-ctx.Done():
-			wg.Wait()
-			return next, ctx.Err()
-		case <-t.C:
+	period := time.Duration(float64(time.Second) * float64(batch) / float64(bc.Rate))
+	err := paced(ctx, wallClock, period, func() bool {
+		if (n >= 0 && next >= n) || !time.Now().Before(until) || failed.Load() != nil {
+			return false
 		}
 		if f.left() >= bc.maxInFlight() {
 			// The pipeline is this far behind: the agent holds back
@@ -381,7 +372,7 @@ func (bc Config) soakLoad(ctx context.Context, a *app.App, f *inFlight, key func
 			// achieved is what it sustains, and the window lines say how
 			// much was held back.
 			f.held.Add(int64(batch))
-			continue
+			return true
 		}
 		lo, hi := next, next+batch
 		if n >= 0 {
@@ -392,8 +383,7 @@ func (bc Config) soakLoad(ctx context.Context, a *app.App, f *inFlight, key func
 		select {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
-			wg.Wait()
-			return next, ctx.Err()
+			return false
 		}
 		wg.Add(1)
 		go func() {
@@ -423,12 +413,16 @@ func (bc Config) soakLoad(ctx context.Context, a *app.App, f *inFlight, key func
 			f.committed(keys, time.Now())
 			a.Store.NotifyAppended()
 		}()
-	}
+		return true
+	})
 	wg.Wait()
 	if p := failed.Load(); p != nil {
 		return next, *p
 	}
-	return next, nil
+	if err == nil {
+		err = ctx.Err()
+	}
+	return next, err
 }
 
 // awaitDrained waits until nothing is in flight, or timeout.

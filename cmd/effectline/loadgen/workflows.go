@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -265,15 +266,12 @@ func (bc Config) startWorkflows(ctx context.Context, a *app.App, id func(int) st
 	var wg sync.WaitGroup
 	errc := make(chan error, bc.Concurrency+1)
 	if bc.Rate > 0 {
-		t := time.NewTicker(time.Second / time.Duration(bc.Rate))
-		defer t.Stop()
-		for int(next.Load()) < bc.N {
+		var failed error
+		err := paced(ctx, wallClock, time.Second/time.Duration(bc.Rate), func() bool {
 			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case err := <-errc:
-				return err
-			case <-t.C:
+			case failed = <-errc:
+				return false
+			default:
 			}
 			wg.Add(1)
 			go func() {
@@ -285,14 +283,16 @@ func (bc Config) startWorkflows(ctx context.Context, a *app.App, id func(int) st
 					}
 				}
 			}()
-		}
+			return int(next.Load()) < bc.N
+		})
 		wg.Wait()
-		select {
-		case err := <-errc:
-			return err
-		default:
-			return nil
+		if failed == nil {
+			select {
+			case failed = <-errc:
+			default:
+			}
 		}
+		return cmp.Or(failed, err)
 	}
 	for range bc.Concurrency {
 		wg.Add(1)
