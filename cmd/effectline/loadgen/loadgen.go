@@ -78,9 +78,11 @@ type waitStats struct {
 	mu       sync.Mutex
 	lat      []time.Duration
 	accepted int // answered 202: the wait ran out first
+	// answered is when each key's 200 arrived, for the stage breakdown.
+	answered map[string]time.Time
 }
 
-func (s *waitStats) add(d time.Duration, status int) {
+func (s *waitStats) add(key string, d time.Duration, status int, at time.Time) {
 	if s == nil {
 		return
 	}
@@ -88,6 +90,10 @@ func (s *waitStats) add(d time.Duration, status int) {
 	defer s.mu.Unlock()
 	if status == http.StatusOK {
 		s.lat = append(s.lat, d)
+		if s.answered == nil {
+			s.answered = map[string]time.Time{}
+		}
+		s.answered[key] = at
 	} else {
 		s.accepted++
 	}
@@ -254,6 +260,9 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 	if len(wlat) > 0 {
 		fmt.Fprintf(stdout, "journaled (write side): p50=%.1fms p99=%.1fms\n",
 			float64(wlat[len(wlat)/2].Microseconds())/1000, float64(wlat[min(len(wlat)-1, len(wlat)*99/100)].Microseconds())/1000)
+	}
+	if err := bc.printStages(ctx, a, stdout, index, committed, projected); err != nil {
+		return err
 	}
 	var afterAll int64
 	_ = a.Pool.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&afterAll)
@@ -476,7 +485,8 @@ func (bc Config) post(ctx context.Context, in outbox.Intent, committed *time.Tim
 		if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusAccepted {
 			return fmt.Errorf("POST /v1/intents for %s: %s", in.OperationKey, resp.Status)
 		}
-		bc.waits.add(time.Since(sent), resp.StatusCode)
+		now := time.Now()
+		bc.waits.add(in.OperationKey, now.Sub(sent), resp.StatusCode, now)
 		// The answer came after the outcome; the intent was committed
 		// about when it was sent.
 		*committed = sent
