@@ -75,6 +75,15 @@ func (s *Server) postIntent(w http.ResponseWriter, r *http.Request) {
 		writeFieldError(w, http.StatusNotFound, codeUnknownTool, "tool", "no tool with this name is registered")
 		return
 	}
+	if t.Spec().Internal {
+		// A generated undo tool (<tool>~undo): only the workflow engine
+		// records its intents, in the transition that unwinds a run. A
+		// caller's own undo would run the compensation outside any run's
+		// order, so the tool is as unknown here as it is to MCP.
+		writeFieldError(w, http.StatusNotFound, codeUnknownTool, "tool",
+			"this tool is internal to the workflow engine (a step's undo) and cannot be submitted")
+		return
+	}
 	if err := t.Spec().Authorize(principal); err != nil {
 		writeError(w, http.StatusForbidden, codeForbidden, "this principal may not use this tool")
 		return

@@ -62,7 +62,9 @@ type workflowAccepted struct {
 func workflowHref(id string) string { return "/v1/workflows/" + url.PathEscape(id) }
 
 // postWorkflow starts a run: 202 when it is new, 200 with the run when the
-// id exists with the same input, 409 with another.
+// id exists with the same input, 409 with another. A run pruned after its
+// retention answers the same from its tombstone: 200 with what it keeps
+// and "pruned": true, 409 for another input; it never starts again.
 func (s *Server) postWorkflow(w http.ResponseWriter, r *http.Request) {
 	if s.workflows == nil {
 		writeUnavailable(w, "this process runs no workflows")
@@ -100,7 +102,11 @@ func (s *Server) postWorkflow(w http.ResponseWriter, r *http.Request) {
 		writeFieldError(w, http.StatusNotFound, codeNotFound, "workflow", "no workflow with this name is declared")
 		return
 	case errors.Is(err, workflow.ErrPayloadConflict):
-		if existing, gerr := s.workflows.Get(ctx, *req.WorkflowID); gerr == nil && existing.Principal != principal {
+		existing, gerr := s.workflows.Get(ctx, *req.WorkflowID)
+		if tomb, pruned := workflow.AsPruned(gerr); pruned {
+			existing, gerr = tomb.Record(), nil // a tombstone is scoped like the live run
+		}
+		if gerr == nil && existing.Principal != principal {
 			writeError(w, http.StatusConflict, codeKeyInUse, "this workflow_id is in use by another principal")
 			return
 		}
@@ -136,6 +142,11 @@ func (s *Server) getWorkflow(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec, err := s.workflows.Get(r.Context(), r.PathValue("id"))
+	if tomb, pruned := workflow.AsPruned(err); pruned {
+		// The tombstone of a settled run: the record it keeps, "pruned":
+		// true, and nothing to wait for.
+		rec, err = tomb.Record(), nil
+	}
 	if err == nil && !s.mayReadWorkflow(readerOf(r.Context()), rec) {
 		err = workflow.ErrNotFound // as absent as a run that does not exist
 	}

@@ -54,6 +54,11 @@ type Workflow struct {
 	// are never stored with the record.
 	Events     []WorkflowEnvelope           `json:"events,omitempty"`
 	Operations map[string]WorkflowOperation `json:"operations,omitempty"`
+	// Pruned marks a record read from the tombstone of a run pruned after
+	// its retention: only the id, workflow, status, input hash, principal,
+	// seq and times are left (UpdatedAt is when it settled). Never set by
+	// the fold, never stored.
+	Pruned bool `json:"pruned,omitempty"`
 }
 
 // WorkflowOperation is what a workflow's reader sees of one of its
@@ -62,6 +67,9 @@ type WorkflowOperation struct {
 	Status         Status `json:"status"`
 	Attempt        int    `json:"attempt"`
 	LastErrorClass string `json:"last_error_class,omitempty"`
+	// Pruned: the operation was pruned to its tombstone after its tool's
+	// dedup window; Status is how it ended.
+	Pruned bool `json:"pruned,omitempty"`
 }
 
 // WorkflowStep is one step of a run.

@@ -142,8 +142,11 @@ func (s workflowStream) journal(ctx context.Context, id string, afterSeq int64) 
 // per batch. As in upsertSQL, the WHERE clause is the idempotence guard: a
 // row is only ever replaced by one with a higher seq, so a redelivered or
 // late event, a replica that lost its partition, or a projector behind a
-// rebuild cannot move a row back. Workflow runs are never pruned, so there
-// is no tombstone to respect here.
+// rebuild cannot move a row back. The NOT EXISTS keeps a pruned run pruned,
+// as upsertSQL does for operations: the workflows topic may still hold its
+// events after its retention (a replay from offset 0, a group reset), and
+// without the guard they would bring back a row that nothing would ever
+// prune again. A row it skips counts as not written, like a stale one.
 const upsertWorkflowsSQL = `
 INSERT INTO workflow_state (workflow_id, workflow, status, principal, current_step, awaiting, seq, record,
                             traceparent, created_at, updated_at, projected_at)
@@ -153,6 +156,7 @@ SELECT u.workflow_id, u.workflow, u.status, u.principal, u.current_step, u.await
               $9::text[], $10::timestamptz[], $11::timestamptz[])
        AS u(workflow_id, workflow, status, principal, current_step, awaiting, seq, record,
             traceparent, created_at, updated_at)
+ WHERE NOT EXISTS (SELECT 1 FROM workflows w WHERE w.workflow_id = u.workflow_id AND w.pruned_at IS NOT NULL)
 ON CONFLICT (workflow_id) DO UPDATE SET
     workflow     = EXCLUDED.workflow,
     status       = EXCLUDED.status,

@@ -1,9 +1,11 @@
 // Package pruner enforces retention: it prunes settled operations to
-// tombstones once their tool's dedup window has passed, and deletes
-// tombstones older than the tombstone retention. The statements and the
-// race they close are the store's (store/prune.go); this package decides
-// what to prune when, elects the one replica that prunes in the background,
-// and paces the work so that it stays off the write path's latency.
+// tombstones once their tool's dedup window has passed, settled workflow
+// runs once their workflow's retention has passed, and deletes tombstones
+// older than the tombstone retention. The statements and the race they
+// close are the store's (store/prune.go) and the workflow journal's
+// (workflow/prune.go); this package decides what to prune when, elects
+// the one replica that prunes in the background, and paces the work so
+// that it stays off the write path's latency.
 package pruner
 
 import (
@@ -20,6 +22,7 @@ import (
 
 	"github.com/effectline/effectline/internal/metrics"
 	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/workflow"
 )
 
 // DefaultRetention is the dedup window of a tool that names none.
@@ -34,8 +37,12 @@ type Config struct {
 	// Windows holds the dedup_window of the tools that set one.
 	Windows map[string]time.Duration
 	// Default is the window of every other tool, including tools no longer
-	// in the tools file. Default DefaultRetention.
+	// in the tools file, and the retention of a workflow no longer in it.
+	// Default DefaultRetention.
 	Default time.Duration
+	// WorkflowTools holds, per declared workflow, the tools whose
+	// operations its runs record (workflow.Def.Tools); see WorkflowWindow.
+	WorkflowTools map[string][]string
 	// TombstoneRetention is how long a tombstone is kept after it was made.
 	// Zero keeps tombstones forever.
 	TombstoneRetention time.Duration
@@ -106,15 +113,46 @@ func (c Config) Window(tool string) time.Duration {
 	return c.Default
 }
 
+// WorkflowWindow returns the retention of the settled runs of workflow
+// name: the longest dedup window among the tools its runs use (Window of
+// each, so a tool without one counts with Default), or Default for a
+// workflow no longer in the tools file.
+//
+// Why the tools' windows rather than EFFECTLINE_RETENTION alone: a run
+// settles after every one of its operations did, so with the longest of
+// their windows it is pruned after each of them. While any operation of a
+// run keeps its full record, so does the run that explains it (the other
+// steps, the escalation, the decisions), and a late duplicate start finds
+// the whole run, not a tombstone beside live steps. A deployment that
+// shortens every window (a soak with dedup_window: 1m) gets its runs
+// pruned as soon, and one tool kept for 90 days keeps its runs as long.
+// A run's steps are read from the tools file in force, not from the run's
+// record (workflow.started lists them as they were then): the per-tool
+// windows of operations follow the current file the same way.
+func (c Config) WorkflowWindow(name string) time.Duration {
+	tools, ok := c.WorkflowTools[name]
+	if !ok || len(tools) == 0 {
+		return c.Default
+	}
+	var w time.Duration
+	for _, t := range tools {
+		w = max(w, c.Window(t))
+	}
+	return w
+}
+
 // Pruner prunes one database. Create it with New.
 type Pruner struct {
 	store  *store.Store
+	runs   *workflow.Journal
 	cfg    Config
 	log    *slog.Logger
 	leader leader
 
-	pruned  metric.Int64Counter
-	expired metric.Int64Counter
+	pruned      metric.Int64Counter
+	expired     metric.Int64Counter
+	runsPruned  metric.Int64Counter
+	runsExpired metric.Int64Counter
 }
 
 // New returns a pruner for st.
@@ -123,13 +161,17 @@ func New(st *store.Store, cfg Config) (*Pruner, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	p := &Pruner{store: st, cfg: cfg, log: cfg.Logger, leader: leader{key: cfg.LeaderLockKey}}
+	p := &Pruner{store: st, runs: workflow.NewJournal(st.Pool()), cfg: cfg, log: cfg.Logger, leader: leader{key: cfg.LeaderLockKey}}
 	m := cfg.MeterProvider.Meter("github.com/effectline/effectline/pruner")
 	if err := metrics.Counters(m,
 		metrics.Counter{Into: &p.pruned, Name: "effectline.operations_pruned",
 			Description: "Settled operations pruned to tombstones after their tool's dedup window, by tool."},
 		metrics.Counter{Into: &p.expired, Name: "effectline.tombstones_expired",
 			Description: "Tombstones deleted after the tombstone retention; their keys are free again."},
+		metrics.Counter{Into: &p.runsPruned, Name: "effectline.workflows_pruned",
+			Description: "Settled workflow runs pruned to tombstones after their workflow's retention, by workflow."},
+		metrics.Counter{Into: &p.runsExpired, Name: "effectline.workflow_tombstones_expired",
+			Description: "Workflow run tombstones deleted after the tombstone retention; their ids are free again."},
 	); err != nil {
 		return nil, err
 	}
@@ -138,8 +180,12 @@ func New(st *store.Store, cfg Config) (*Pruner, error) {
 
 // Counts says what one pass did.
 type Counts struct {
+	// Pruned and Expired count operations and their tombstones.
 	Pruned  int
 	Expired int
+	// RunsPruned and RunsExpired count workflow runs and theirs.
+	RunsPruned  int
+	RunsExpired int
 }
 
 // Run prunes in the background until ctx ends, on the replica that holds
@@ -152,9 +198,11 @@ func (p *Pruner) Run(ctx context.Context) error {
 			n, err := p.RunOnce(ctx)
 			switch {
 			case err != nil && ctx.Err() == nil:
-				p.log.WarnContext(ctx, "pruning failed", "error", err, "operations_pruned", n.Pruned)
-			case n.Pruned+n.Expired > 0:
-				p.log.InfoContext(ctx, "pruned", "operations_pruned", n.Pruned, "tombstones_expired", n.Expired)
+				p.log.WarnContext(ctx, "pruning failed", "error", err, "operations_pruned", n.Pruned,
+					"workflows_pruned", n.RunsPruned)
+			case n.Pruned+n.Expired+n.RunsPruned+n.RunsExpired > 0:
+				p.log.InfoContext(ctx, "pruned", "operations_pruned", n.Pruned, "tombstones_expired", n.Expired,
+					"workflows_pruned", n.RunsPruned, "workflow_tombstones_expired", n.RunsExpired)
 			}
 		}
 		wait := time.Duration(float64(p.cfg.Interval) * (0.8 + 0.4*rand.Float64()))
@@ -167,17 +215,28 @@ func (p *Pruner) Run(ctx context.Context) error {
 }
 
 // RunOnce prunes everything due now, batch by batch, and expires old
-// tombstones; it returns when nothing due is left. It takes no lock: two
+// tombstones; it returns when nothing due is left. Operations go first,
+// then runs; the order does not matter (workflow/prune.go says why), and
+// an operation a run still awaits is never pruned. It takes no lock: two
 // passes running at once (two replicas in the window of a leader change,
 // `effectline prune` beside the background pruner) lock disjoint rows and
-// each operation is pruned once.
+// each operation and each run is pruned once.
 func (p *Pruner) RunOnce(ctx context.Context) (Counts, error) {
 	var n Counts
-	tools, err := p.store.SettledTools(ctx)
-	if err != nil {
-		return n, err
-	}
 	var errs []error
+	// fail keeps going after a failed batch of one tool or workflow, so
+	// that one cannot hold back the others, unless the pass was cancelled.
+	fail := func(err error) bool {
+		if err == nil {
+			return false
+		}
+		errs = append(errs, err)
+		return ctx.Err() != nil
+	}
+	tools, err := p.store.SettledTools(ctx)
+	if fail(err) {
+		return n, errors.Join(errs...)
+	}
 	for _, tool := range tools {
 		before := p.cfg.Now().Add(-p.cfg.Window(tool))
 		pruned, err := p.drain(ctx, func(ctx context.Context) (int, error) {
@@ -187,11 +246,25 @@ func (p *Pruner) RunOnce(ctx context.Context) (Counts, error) {
 		if pruned > 0 {
 			p.pruned.Add(ctx, int64(pruned), metric.WithAttributes(attribute.String("tool", tool)))
 		}
-		if err != nil {
-			errs = append(errs, err)
-			if ctx.Err() != nil {
-				return n, errors.Join(errs...)
-			}
+		if fail(err) {
+			return n, errors.Join(errs...)
+		}
+	}
+	names, err := p.runs.SettledWorkflows(ctx)
+	if fail(err) {
+		return n, errors.Join(errs...)
+	}
+	for _, name := range names {
+		before := p.cfg.Now().Add(-p.cfg.WorkflowWindow(name))
+		pruned, err := p.drain(ctx, func(ctx context.Context) (int, error) {
+			return p.runs.PruneSettled(ctx, name, before, p.cfg.Now(), p.cfg.Batch)
+		})
+		n.RunsPruned += pruned
+		if pruned > 0 {
+			p.runsPruned.Add(ctx, int64(pruned), metric.WithAttributes(attribute.String("workflow", name)))
+		}
+		if fail(err) {
+			return n, errors.Join(errs...)
 		}
 	}
 	if p.cfg.TombstoneRetention > 0 {
@@ -203,7 +276,17 @@ func (p *Pruner) RunOnce(ctx context.Context) (Counts, error) {
 		if expired > 0 {
 			p.expired.Add(ctx, int64(expired))
 		}
-		errs = append(errs, err)
+		if fail(err) {
+			return n, errors.Join(errs...)
+		}
+		expired, err = p.drain(ctx, func(ctx context.Context) (int, error) {
+			return p.runs.ExpireTombstones(ctx, before, p.cfg.Batch)
+		})
+		n.RunsExpired = expired
+		if expired > 0 {
+			p.runsExpired.Add(ctx, int64(expired))
+		}
+		fail(err)
 	}
 	return n, errors.Join(errs...)
 }

@@ -9,10 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/testenv"
 	"github.com/effectline/effectline/pruner"
 	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/workflow"
 )
 
 func setup(t *testing.T) *store.Store {
@@ -232,4 +235,155 @@ func TestRunPrunesUnderOneLeader(t *testing.T) {
 	}
 	cancel()
 	wg.Wait()
+}
+
+// runs records n runs of workflow name in status, settled (last changed) at
+// settledAt, each with two journaled events marked published or not. The
+// rows are written directly: these tests are about what the pruner takes,
+// and api's and projector's tests prune runs the engine drove.
+func runs(t *testing.T, s *store.Store, name, prefix string, n int, status events.WorkflowStatus, settledAt time.Time, published bool) []string {
+	t.Helper()
+	ctx := context.Background()
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%s-%05d", prefix, i)
+	}
+	if _, err := s.Pool().Exec(ctx, `
+INSERT INTO workflows (workflow_id, workflow, input_hash, status, seq, awaiting, record, created_at, updated_at)
+SELECT id, $2::text, 'h', $3::text, 2, NULL, jsonb_build_object('workflow_id', id, 'workflow', $2::text, 'status', $3::text, 'principal', 'agent', 'seq', 2),
+       $4::timestamptz - interval '1 minute', $4
+  FROM unnest($1::text[]) AS id`, ids, name, string(status), settledAt); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Pool().Exec(ctx, `
+INSERT INTO workflow_events (workflow_id, seq, event_id, type, envelope, occurred_at, published)
+SELECT id, seq, id || '/' || seq, 'workflow.started', '{}'::bytea, $2::timestamptz, $3::boolean
+  FROM unnest($1::text[]) AS id, generate_series(1, 2) AS seq`, ids, settledAt, published); err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+func runTombstones(t *testing.T, s *store.Store) int {
+	t.Helper()
+	n, err := workflow.NewJournal(s.Pool()).CountTombstones(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int(n)
+}
+
+// TestTwoPrunersRaceOverRuns: two passes at once, in small batches, prune
+// every due run exactly once between them, with its events.
+func TestTwoPrunersRaceOverRuns(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	const n = 300
+	runs(t, s, "order", "race", n, events.WorkflowCompleted, t0, true)
+	cfg := pruner.Config{Default: time.Hour, Batch: 7, Pace: 1, Now: func() time.Time { return t0.Add(2 * time.Hour) }}
+	var wg sync.WaitGroup
+	counts := make([]pruner.Counts, 2)
+	errs := make([]error, 2)
+	for i := range 2 {
+		p, err := pruner.New(s, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); counts[i], errs[i] = p.RunOnce(context.Background()) }()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("pruner %d: %v", i, err)
+		}
+	}
+	if got := counts[0].RunsPruned + counts[1].RunsPruned; got != n {
+		t.Fatalf("the pruners report %d + %d runs pruned, want %d in all", counts[0].RunsPruned, counts[1].RunsPruned, n)
+	}
+	if got := runTombstones(t, s); got != n {
+		t.Fatalf("%d run tombstones, want %d", got, n)
+	}
+	var left int
+	if err := s.Pool().QueryRow(context.Background(), `SELECT count(*) FROM workflow_events`).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("%d events of pruned runs left (err %v)", left, err)
+	}
+	t.Logf("pruned %d and %d", counts[0].RunsPruned, counts[1].RunsPruned)
+}
+
+// TestRunRetention: a settled run is pruned after the longest dedup window
+// of its workflow's tools (the default for a workflow no longer in the
+// tools file); a run that is running, unwinding or escalated never is,
+// however old, nor one whose events wait to be published; run tombstones
+// expire with the tombstone retention.
+func TestRunRetention(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	for _, st := range []events.WorkflowStatus{events.WorkflowCompleted, events.WorkflowUnwound, events.WorkflowAbandoned} {
+		runs(t, s, "long", "long-"+string(st), 1, st, t0, true)
+		runs(t, s, "gone", "gone-"+string(st), 1, st, t0, true)
+	}
+	for _, st := range []events.WorkflowStatus{events.WorkflowRunning, events.WorkflowUnwinding, events.WorkflowEscalated} {
+		runs(t, s, "gone", "live-"+string(st), 1, st, t0, true)
+	}
+	runs(t, s, "gone", "unpublished", 1, events.WorkflowCompleted, t0, false)
+	now := t0.Add(2 * time.Hour)
+	cfg := pruner.Config{
+		Windows:       map[string]time.Duration{"a": time.Hour, "b": 3 * time.Hour},
+		WorkflowTools: map[string][]string{"long": {"a", "b"}},
+		Default:       90 * time.Minute,
+		Now:           func() time.Time { return now },
+	}
+	p, err := pruner.New(s, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := p.RunOnce(ctx); err != nil || n.RunsPruned != 3 {
+		t.Fatalf("RunOnce = %+v, %v; want the 3 settled runs of gone", n, err)
+	}
+	now = t0.Add(1000 * time.Hour)
+	if n, err := p.RunOnce(ctx); err != nil || n.RunsPruned != 3 {
+		t.Fatalf("much later: %+v, %v; want the 3 settled runs of long", n, err)
+	}
+	var live []string
+	rows, err := s.Pool().Query(ctx, `SELECT workflow_id FROM workflows WHERE pruned_at IS NULL ORDER BY workflow_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if live, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"live-escalated-00000", "live-running-00000", "live-unwinding-00000", "unpublished-00000"}
+	if fmt.Sprint(live) != fmt.Sprint(want) {
+		t.Fatalf("runs left live: %v, want %v", live, want)
+	}
+
+	retained, err := pruner.New(s, pruner.Config{Default: time.Hour, TombstoneRetention: 100 * time.Hour,
+		Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The tombstones of gone were made at t0+2h, those of long at now.
+	if n, err := retained.RunOnce(ctx); err != nil || n.RunsExpired != 3 {
+		t.Fatalf("with a retention: %+v, %v; want 3 run tombstones expired", n, err)
+	}
+	if got := runTombstones(t, s); got != 3 {
+		t.Fatalf("%d run tombstones left, want the 3 of long", got)
+	}
+}
+
+func TestWorkflowWindow(t *testing.T) {
+	t.Parallel()
+	c := pruner.Config{
+		Windows:       map[string]time.Duration{"a": time.Hour, "b": 3 * time.Hour},
+		WorkflowTools: map[string][]string{"ab": {"a", "b"}, "a": {"a"}, "ac": {"a", "c"}, "none": nil},
+		Default:       2 * time.Hour,
+	}
+	for name, want := range map[string]time.Duration{"ab": 3 * time.Hour, "a": time.Hour, "ac": 2 * time.Hour,
+		"none": 2 * time.Hour, "gone": 2 * time.Hour} {
+		if got := c.WorkflowWindow(name); got != want {
+			t.Errorf("WorkflowWindow(%s) = %s, want %s", name, got, want)
+		}
+	}
 }

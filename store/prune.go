@@ -182,12 +182,24 @@ const settledPredicate = `o.status IN ('completed', 'failed', 'compensated') AND
 // that append moved updated_at forward (and perhaps the status), so the row
 // drops out. An operation whose outcome events still wait in the outbox is
 // left alone: the relay reads events it publishes from the journal.
+//
+// So is a step's or an undo's operation that its workflow run still awaits
+// (workflows.awaiting, migration 0006): the workflow driver takes the
+// run's next transition from the operation's record (its result and
+// downstream id), and a driver that was down for longer than the tool's
+// dedup window would otherwise find a tombstone and leave the run stuck.
+// Such keys are "wf:<workflow id>/…" and a workflow id holds no '/', so the
+// run is one primary-key probe away; once the run has moved on, the next
+// round prunes the operation.
 const pruneSQL = `
 WITH victims AS (
     SELECT o.operation_key FROM operations o
      WHERE o.tool = $1 AND o.updated_at < $2 AND ` + settledPredicate + `
        AND o.due_at IS NULL
        AND NOT EXISTS (SELECT 1 FROM outbox b WHERE b.operation_key = o.operation_key)
+       AND NOT (starts_with(o.operation_key, 'wf:') AND EXISTS (SELECT 1 FROM workflows w
+                 WHERE w.workflow_id = split_part(substr(o.operation_key, 4), '/', 1)
+                   AND w.awaiting = o.operation_key))
      ORDER BY o.updated_at
      LIMIT $3
        FOR UPDATE SKIP LOCKED

@@ -48,17 +48,23 @@ type querier interface {
 }
 
 // load reads the head of a run; forUpdate locks it for the transaction.
+// A pruned run's head is its tombstone: a *PrunedError.
 func load(ctx context.Context, q querier, id string, forUpdate bool) (events.Workflow, error) {
-	sql := `SELECT record FROM workflows WHERE workflow_id = $1`
+	sql := `SELECT record, pruned_at IS NOT NULL FROM workflows WHERE workflow_id = $1`
 	if forUpdate {
 		sql += ` FOR UPDATE`
 	}
 	var raw []byte
-	if err := q.QueryRow(ctx, sql, id).Scan(&raw); err != nil {
+	var pruned bool
+	if err := q.QueryRow(ctx, sql, id).Scan(&raw, &pruned); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return events.Workflow{}, fmt.Errorf("loading workflow %s: %w", id, ErrNotFound)
 		}
 		return events.Workflow{}, fmt.Errorf("loading workflow %s: %w", id, err)
+	}
+	if pruned {
+		// A second read, on a path that is rare by construction.
+		return events.Workflow{}, loadTombstone(ctx, q, id)
 	}
 	var r events.Workflow
 	if err := json.Unmarshal(raw, &r); err != nil {

@@ -83,7 +83,8 @@ func (s *Service) Start(ctx context.Context, in Start) (events.Workflow, bool, e
 // StartTx records a run inside tx, the caller's own transaction: the
 // workflow.started event and the first step's intent exist if and only if
 // tx commits. An id already recorded with the same workflow and input is
-// not an error: the recorded run is returned with created false. With
+// not an error: the recorded run is returned with created false (a run
+// pruned after its retention: its tombstone's record, Pruned true). With
 // another workflow or input the error wraps ErrPayloadConflict. Neither
 // writes anything or aborts tx.
 func (s *Service) StartTx(ctx context.Context, tx pgx.Tx, in Start) (events.Workflow, bool, error) {
@@ -112,6 +113,11 @@ func (s *Service) StartTx(ctx context.Context, tx pgx.Tx, in Start) (events.Work
 		return p.rec, true, nil
 	}
 	existing, err := load(ctx, tx, in.WorkflowID, false)
+	if tomb, pruned := AsPruned(err); pruned {
+		// The run settled longer ago than its retention and was pruned: its
+		// tombstone answers as the run did, and it never starts again.
+		existing, err = tomb.Record(), nil
+	}
 	if err != nil {
 		return events.Workflow{}, false, err
 	}
@@ -184,7 +190,8 @@ func checkID(id string) string {
 	return ""
 }
 
-// Get returns a run with its events and a summary of its operations.
+// Get returns a run with its events and a summary of its operations. A
+// pruned run is a *PrunedError, which wraps ErrNotFound.
 func (s *Service) Get(ctx context.Context, id string) (events.Workflow, error) {
 	r, err := load(ctx, s.pool, id, false)
 	if err != nil {
@@ -208,6 +215,24 @@ func (s *Service) Get(ctx context.Context, id string) (events.Workflow, error) {
 	r.Operations = map[string]events.WorkflowOperation{}
 	for k, op := range ops {
 		r.Operations[k] = events.WorkflowOperation{Status: op.Status, Attempt: op.Attempt, LastErrorClass: op.LastErrorClass}
+	}
+	// A settled run outlives the operations of tools with shorter dedup
+	// windows than its own retention: those are tombstones by now, and
+	// still say how they ended.
+	var gone []string
+	for _, k := range keys {
+		if _, ok := ops[k]; !ok {
+			gone = append(gone, k)
+		}
+	}
+	if len(gone) > 0 {
+		tombs, err := s.store.Tombstones(ctx, gone)
+		if err != nil {
+			return events.Workflow{}, err
+		}
+		for k, t := range tombs {
+			r.Operations[k] = events.WorkflowOperation{Status: t.Status, Pruned: true}
+		}
 	}
 	return r, nil
 }

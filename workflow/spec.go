@@ -60,6 +60,30 @@ type Step struct {
 	UndoArgs map[string]any
 }
 
+// Tools lists the tools whose operations a run of d may record: each
+// step's, the generated undo tool of each compensable step, and each
+// step's undo_with. A run's retention is the longest dedup window among
+// them (pruner.Config.WorkflowWindow), so no operation of a run outlives
+// the run's own record under the tools file in force.
+func (d *Def) Tools() []string {
+	var out []string
+	seen := map[string]bool{}
+	add := func(name string) {
+		if name != "" && !seen[name] {
+			seen[name] = true
+			out = append(out, name)
+		}
+	}
+	for _, s := range d.Steps {
+		add(s.Tool)
+		if s.Effect == events.Compensable {
+			add(UndoToolName(s.Tool))
+		}
+		add(s.UndoWith)
+	}
+	return out
+}
+
 // Set is the workflows of one tools file, by name.
 type Set struct {
 	defs map[string]*Def

@@ -75,6 +75,10 @@ func RegisterUndoTools(reg *tool.Registry, defs *Set) error {
 				Name: UndoToolName(s.Tool), Effect: events.Idempotent, Caps: spec.Caps,
 				AllowedPrincipals: spec.AllowedPrincipals, IdempotencyHeader: spec.IdempotencyHeader,
 				Timeout: spec.Timeout, Internal: true,
+				// An undo is the tool's own effect taken back: its operation
+				// is kept as long as the step's, and a run's retention
+				// (Def.Tools) counts it with the tool's window.
+				DedupWindow: spec.DedupWindow,
 				ArgsSchema: json.RawMessage(`{"type":"object","required":["operation_key","downstream_key"],` +
 					`"properties":{"operation_key":{"type":"string"},"downstream_key":{"type":"string"},` +
 					`"downstream_id":{"type":"string"},"undo_ref":{"type":"string"}}}`),
