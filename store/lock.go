@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -34,25 +35,31 @@ func LockLeaseTx(ctx context.Context, tx pgx.Tx, key string, seq int64) (*time.T
 
 // LockToolKeysTx locks the head rows of those of keys that are operations of
 // tool, in key order (so two callers never deadlock), and returns their keys.
+//
+// Each row is locked by a statement naming its one key, pipelined in one
+// round trip: a distributed store (docs/design.md, "Beyond one primary")
+// locks rows only in a statement routed to one shard, and a statement over
+// a set of keys may span several.
 func LockToolKeysTx(ctx context.Context, tx pgx.Tx, tool string, keys []string) ([]string, error) {
-	return lockedKeys(ctx, tx, `SELECT operation_key FROM operations
-	WHERE operation_key = ANY($1) AND tool = $2 AND pruned_at IS NULL
-	ORDER BY operation_key
-	FOR UPDATE`, keys, tool)
+	return lockEach(ctx, tx, keys, lockToolKeySQL, tool)
 }
+
+const lockToolKeySQL = `SELECT operation_key FROM operations
+	WHERE operation_key = $1 AND tool = $2 AND pruned_at IS NULL
+	FOR UPDATE`
 
 // LockByDownstreamIDTx locks the head rows of the operations of tool the
 // downstream knows by id (index operations_downstream_id) and returns their
-// keys.
+// keys, in key order.
+//
+// The keys are found first without a lock and then locked one by one, the
+// condition checked again under each lock, for the same reason as in
+// LockToolKeysTx: the lookup by id is the one that cannot name a key. A
+// row that comes to match between the two is missed, as the single
+// statement missed a row that came to match after its snapshot.
 func LockByDownstreamIDTx(ctx context.Context, tx pgx.Tx, tool, id string) ([]string, error) {
-	return lockedKeys(ctx, tx, `SELECT operation_key FROM operations
-	WHERE tool = $1 AND record->>'downstream_id' = $2
-	ORDER BY operation_key
-	FOR UPDATE`, tool, id)
-}
-
-func lockedKeys(ctx context.Context, tx pgx.Tx, sql string, args ...any) ([]string, error) {
-	rows, err := tx.Query(ctx, sql, args...)
+	rows, err := tx.Query(ctx, `SELECT operation_key FROM operations
+	WHERE tool = $1 AND record->>'downstream_id' = $2`, tool, id)
 	if err != nil {
 		return nil, fmt.Errorf("locking operations: %w", interpretError(err))
 	}
@@ -60,5 +67,44 @@ func lockedKeys(ctx context.Context, tx pgx.Tx, sql string, args ...any) ([]stri
 	if err != nil {
 		return nil, fmt.Errorf("locking operations: %w", interpretError(err))
 	}
-	return keys, nil
+	return lockEach(ctx, tx, keys, lockDownstreamIDSQL, tool, id)
+}
+
+const lockDownstreamIDSQL = `SELECT operation_key FROM operations
+	WHERE operation_key = $1 AND tool = $2 AND record->>'downstream_id' = $3
+	FOR UPDATE`
+
+// lockEach runs sql (its $1 the key, then args) once per distinct key, in
+// key order, in one pipelined round trip, and returns the keys it locked.
+// The statements of a pipeline run one after the other, so the locks are
+// taken in key order as a single ORDER BY … FOR UPDATE took them.
+func lockEach(ctx context.Context, tx pgx.Tx, keys []string, sql string, args ...any) ([]string, error) {
+	keys = slices.Clone(keys)
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	var b pgx.Batch
+	for _, k := range keys {
+		b.Queue(sql, append([]any{k}, args...)...)
+	}
+	br := tx.SendBatch(ctx, &b)
+	var locked []string
+	for range keys {
+		var k string
+		err := br.QueryRow().Scan(&k)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			_ = br.Close()
+			return nil, fmt.Errorf("locking operations: %w", interpretError(err))
+		}
+		locked = append(locked, k)
+	}
+	if err := br.Close(); err != nil {
+		return nil, fmt.Errorf("locking operations: %w", interpretError(err))
+	}
+	return locked, nil
 }

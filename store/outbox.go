@@ -61,7 +61,11 @@ SELECT c.id, c.operation_key, c.seq, c.topic, e.envelope, e.traceparent,
         WHERE e.operation_key = c.operation_key AND e.seq = c.seq
         LIMIT 1) e`
 
-const deleteOutboxSQL = `DELETE FROM outbox WHERE id = ANY($1::bigint[])`
+// deleteOutboxSQL names the rows' operation keys beside their ids, which
+// the ids alone would make redundant: on a distributed store the keys route
+// the delete to the shards holding the rows (docs/design.md, "Beyond one
+// primary").
+const deleteOutboxSQL = `DELETE FROM outbox WHERE operation_key = ANY($2::text[]) AND id = ANY($1::bigint[])`
 
 // RelayBatch publishes one batch of the outbox, at least once and in order
 // per operation and topic, in one transaction of two round trips:
@@ -149,8 +153,12 @@ func (s *Store) RelayBatch(ctx context.Context, limit int, publish func([]Outbox
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	ids := make([]int64, len(kept))
+	keys := make([]string, 0, len(kept))
 	for i, e := range kept {
 		ids[i] = e.ID
+		if i == 0 || e.Envelope.OperationKey != kept[i-1].Envelope.OperationKey {
+			keys = append(keys, e.Envelope.OperationKey)
+		}
 	}
 	// synchronous_commit off for this transaction only: it wrote nothing
 	// but the delete, and a delete lost in a crash only means the rows are
@@ -158,7 +166,7 @@ func (s *Store) RelayBatch(ctx context.Context, limit int, publish func([]Outbox
 	// waiting for the WAL flush takes a disk round trip off every batch.
 	var m pgx.Batch
 	m.Queue(`SET LOCAL synchronous_commit = off`)
-	m.Queue(deleteOutboxSQL, ids)
+	m.Queue(deleteOutboxSQL, ids, keys)
 	m.Queue("COMMIT")
 	if err := conn.SendBatch(mctx, &m).Close(); err != nil {
 		return 0, skipped, fmt.Errorf("relay batch: marking %d events published: %w", len(kept), interpretError(err))

@@ -8,7 +8,6 @@ package loadgen
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -21,7 +20,6 @@ import (
 	"net/url"
 	"os"
 	"runtime/pprof"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,7 +27,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/effectline/effectline/cmd/effectline/app"
 	"github.com/effectline/effectline/events"
@@ -73,27 +70,22 @@ type Config struct {
 	waits   *waitStats
 }
 
-// waitStats collects the agent-perceived latencies of waiting POSTs.
+// waitStats collects the agent-perceived latencies of waiting POSTs, in a
+// histogram of fixed size.
 type waitStats struct {
 	mu       sync.Mutex
-	lat      []time.Duration
+	lat      histogram
 	accepted int // answered 202: the wait ran out first
-	// answered is when each key's 200 arrived, for the stage breakdown.
-	answered map[string]time.Time
 }
 
-func (s *waitStats) add(key string, d time.Duration, status int, at time.Time) {
+func (s *waitStats) add(d time.Duration, status int) {
 	if s == nil {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if status == http.StatusOK {
-		s.lat = append(s.lat, d)
-		if s.answered == nil {
-			s.answered = map[string]time.Time{}
-		}
-		s.answered[key] = at
+		s.lat.add(d)
 	} else {
 		s.accepted++
 	}
@@ -137,16 +129,13 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 		cfg.PruneInterval = bc.pruneInterval()
 	}
 	if len(cfg.KafkaBrokers) == 0 {
-		var cluster *kfake.Cluster
-		closeBroker := func() { cluster.Close() }
-		if bc.Duration > 0 {
-			// Twice the longest an operation may take before it counts as
-			// lost: that bounds the embedded broker's memory and still
-			// leaves every consumer its messages.
-			cluster, closeBroker, err = startSoakBroker(cfg.Partitions, 2*soakLostAfter)
-		} else {
-			cluster, err = app.StartEmbeddedBroker(cfg.Partitions)
-		}
+		// The embedded broker keeps every message in memory; a retention
+		// of twice the longest an operation may take before a soak counts
+		// it as lost bounds the bench's memory by time, not by -n, and
+		// leaves every consumer within two minutes of the head its
+		// messages (an intent dropped unread is still found by the
+		// executor's due-time poller).
+		cluster, closeBroker, err := startSoakBroker(cfg.Partitions, 2*soakLostAfter)
 		if err != nil {
 			return err
 		}
@@ -180,7 +169,8 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 	if bc.Warmup > 0 {
 		wc := bc
 		wc.N = bc.Warmup
-		if err := wc.runUntilDone(ctx, runCtx, a, warmupKey, make([]time.Time, wc.N), new(atomic.Int64), 0, io.Discard); err != nil {
+		warm := newTracker(wc.N, wc.effectiveBatch(), warmupKey)
+		if err := wc.runUntilDone(ctx, runCtx, a, sink, warm, new(atomic.Int64), io.Discard); err != nil {
 			return fmt.Errorf("bench: warming up: %w", err)
 		}
 	}
@@ -203,7 +193,7 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 	if bc.Warmup > 0 {
 		fmt.Fprintf(stdout, "warm-up: %d operations run first, not measured\n", bc.Warmup)
 	}
-	committed := make([]time.Time, bc.N)
+	tr := newTracker(bc.N, bc.effectiveBatch(), benchKey)
 	if bc.Wait {
 		bc.waits = &waitStats{}
 	}
@@ -214,67 +204,26 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 	var agentCommits atomic.Int64
 	start := time.Now()
 	cpuBefore := sampleCPU()
-	if err := bc.runUntilDone(ctx, runCtx, a, benchKey, committed, &agentCommits, bc.Warmup, stderr); err != nil {
+	if err := bc.runUntilDone(ctx, runCtx, a, sink, tr, &agentCommits, stderr); err != nil {
 		return err
 	}
 	elapsed := time.Since(start)
 	cpuProcess, cpuMachine := sampleCPU().perOp(cpuBefore, bc.N)
 
-	// Latency: from each intent's commit to its terminal row's projection.
-	reader := projector.NewReader(a.Pool)
-	projected, err := reader.ProjectedAt(ctx, events.StatusCompleted)
-	if err != nil {
-		return err
-	}
-	index := map[string]int{}
-	for i := range bc.N {
-		index[benchKey(i)] = i
-	}
-	var lat []time.Duration
-	var last time.Time
-	completed := 0
-	for key, at := range projected {
-		i, ok := index[key]
-		if !ok || committed[i].IsZero() {
-			continue
-		}
-		completed++
-		lat = append(lat, at.Sub(committed[i]))
-		if at.After(last) {
-			last = at
-		}
-	}
-	// The same latency to the write side (the outcome journaled), which
-	// tells the executor's share from the relay's and the projector's.
-	journaled, err := a.Store.CompletedAt(ctx)
-	if err != nil {
-		return err
-	}
-	var wlat []time.Duration
-	for key, at := range journaled {
-		if i, ok := index[key]; ok && !committed[i].IsZero() {
-			wlat = append(wlat, at.Sub(committed[i]))
-		}
-	}
-	slices.Sort(wlat)
-	if len(wlat) > 0 {
-		fmt.Fprintf(stdout, "journaled (write side): p50=%.1fms p99=%.1fms\n",
-			float64(wlat[len(wlat)/2].Microseconds())/1000, float64(wlat[min(len(wlat)-1, len(wlat)*99/100)].Microseconds())/1000)
-	}
-	if err := bc.printStages(ctx, a, stdout, index, committed, projected); err != nil {
-		return err
+	// Latency: from each intent's commit to its terminal row's projection,
+	// and to the outcome journaled (the write side), which tells the
+	// executor's share from the relay's and the projector's.
+	tr.mu.Lock()
+	lat, wlat, completed, last := tr.lat, tr.wlat, tr.completed, tr.last
+	tr.mu.Unlock()
+	if wlat.n > 0 {
+		fmt.Fprintf(stdout, "journaled (write side): p50=%.1fms p99=%.1fms\n", ms(wlat.quantile(0.50)), ms(wlat.quantile(0.99)))
 	}
 	var afterAll int64
 	_ = a.Pool.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&afterAll)
 	syncCommits := a.Store.SyncCommits() - before + agentCommits.Load()
 
-	slices.Sort(lat)
-	pct := func(p float64) float64 {
-		if len(lat) == 0 {
-			return 0
-		}
-		return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Microseconds()) / 1000
-	}
+	pct := func(p float64) float64 { return ms(lat.quantile(p)) }
 	span := elapsed
 	if !last.IsZero() {
 		span = last.Sub(start)
@@ -297,16 +246,13 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 			cpuMachine, cpuProcess)
 	}
 	if s := bc.waits; s != nil {
-		slices.Sort(s.lat)
-		wp := func(p float64) float64 {
-			if len(s.lat) == 0 {
-				return 0
-			}
-			return float64(s.lat[min(len(s.lat)-1, int(p*float64(len(s.lat))))].Microseconds()) / 1000
-		}
+		s.mu.Lock()
+		h, accepted := s.lat, s.accepted
+		s.mu.Unlock()
+		wp := func(p float64) float64 { return ms(h.quantile(p)) }
 		reloads, sweeps := a.Waits.Queries()
 		fmt.Fprintf(stdout, "wait: POST with Prefer: wait=20 to its 200: p50=%.1fms p95=%.1fms p99=%.1fms (%d answered 200, %d answered 202)\n",
-			wp(0.50), wp(0.95), wp(0.99), len(s.lat), s.accepted)
+			wp(0.50), wp(0.95), wp(0.99), h.n, accepted)
 		fmt.Fprintf(stdout, "wait: the waiters' own queries: %d head reloads after a feed gap, %d sweep queries, for %d waiting requests\n",
 			reloads-reloadsBefore, sweeps-sweepsBefore, bc.N)
 	}
@@ -328,19 +274,23 @@ func (bc Config) effectiveBatch() int {
 func benchKey(i int) string  { return fmt.Sprintf("bench/op-%07d", i) }
 func warmupKey(i int) string { return fmt.Sprintf("bench/warmup-%07d", i) }
 
-// runUntilDone submits bc.N intents named by key and waits until the read
-// model shows them, and the done operations before them, terminal.
-func (bc Config) runUntilDone(ctx, runCtx context.Context, a *app.App, key func(int) string, committed []time.Time,
-	commits *atomic.Int64, done int, progressTo io.Writer) error {
+// runUntilDone submits bc.N intents named by tr's keys and waits until
+// the read model shows every one of them settled. The progress check asks
+// only about the operations in flight (tracker.poll), so it costs the same
+// after a million operations as after a thousand.
+func (bc Config) runUntilDone(ctx, runCtx context.Context, a *app.App, sink *benchTool, tr *tracker,
+	commits *atomic.Int64, progressTo io.Writer) error {
+	sink.track.Store(tr)
+	defer sink.track.Store(nil)
 	start := time.Now()
 	loadErr := make(chan error, 1)
-	go func() { loadErr <- bc.load(runCtx, a, key, committed, commits) }()
+	go func() { loadErr <- bc.load(runCtx, a, tr, commits) }()
 	reader := projector.NewReader(a.Pool)
 	var finished int
 	deadline := time.Now().Add(bc.Timeout)
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
-	for finished < done+bc.N && time.Now().Before(deadline) {
+	for finished < bc.N && time.Now().Before(deadline) {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -350,12 +300,11 @@ func (bc Config) runUntilDone(ctx, runCtx context.Context, a *app.App, key func(
 			}
 		case <-tick.C:
 		}
-		n, err := reader.CountTerminal(ctx)
-		if err != nil {
+		if err := tr.poll(ctx, reader.Settled); err != nil {
 			return err
 		}
-		finished = n
-		progress(progressTo, finished-done, bc.N, time.Since(start))
+		finished = tr.settled()
+		progress(progressTo, finished, bc.N, time.Since(start))
 	}
 	fmt.Fprintln(progressTo)
 	return nil
@@ -363,7 +312,8 @@ func (bc Config) runUntilDone(ctx, runCtx context.Context, a *app.App, key func(
 
 // load plays the agent service: it appends intents through the outbox in
 // transactions of its own, at the configured rate or as fast as it can.
-func (bc Config) load(ctx context.Context, a *app.App, key func(int) string, committed []time.Time, commits *atomic.Int64) error {
+func (bc Config) load(ctx context.Context, a *app.App, tr *tracker, commits *atomic.Int64) error {
+	key := tr.key
 	batch := bc.effectiveBatch()
 	var next atomic.Int64
 	submit := func() (bool, error) {
@@ -382,7 +332,7 @@ func (bc Config) load(ctx context.Context, a *app.App, key func(int) string, com
 		if bc.Via == "http" {
 			errs := make(chan error, len(ins))
 			for j, in := range ins {
-				go func() { errs <- bc.post(ctx, in, &committed[lo+j]) }()
+				go func() { errs <- bc.post(ctx, in, tr, lo+j) }()
 			}
 			for range ins {
 				if err := <-errs; err != nil {
@@ -400,22 +350,24 @@ func (bc Config) load(ctx context.Context, a *app.App, key func(int) string, com
 		}
 		commits.Add(1)
 		a.Store.NotifyAppended()
-		now := time.Now()
-		for i := lo; i < hi; i++ {
-			committed[i] = now
-		}
+		tr.committed(lo, hi, time.Now())
 		return hi < bc.N, nil
 	}
 	if bc.Rate > 0 {
+		interval := time.Duration(float64(time.Second) * float64(batch) / float64(bc.Rate))
+		t := time.NewTicker(interval)
+		defer t.Stop()
 		var wg sync.WaitGroup
 		errc := make(chan error, 1)
-		var failed error
-		err := paced(ctx, wallClock, time.Duration(float64(time.Second)*float64(batch)/float64(bc.Rate)), func() bool {
+		for more := true; more; {
 			select {
-			case failed = <-errc:
-				return false
-			default:
+			case <-ctx.Done():
+				return ctx.Err()
+			case err := <-errc:
+				return err
+			case <-t.C:
 			}
+			more = int(next.Load()) < bc.N
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -426,16 +378,9 @@ func (bc Config) load(ctx context.Context, a *app.App, key func(int) string, com
 					}
 				}
 			}()
-			return int(next.Load()) < bc.N
-		})
-		wg.Wait()
-		if failed == nil {
-			select {
-			case failed = <-errc:
-			default:
-			}
 		}
-		return cmp.Or(failed, err)
+		wg.Wait()
+		return nil
 	}
 	var wg sync.WaitGroup
 	errs := make(chan error, bc.Concurrency)
@@ -461,7 +406,7 @@ func (bc Config) load(ctx context.Context, a *app.App, key func(int) string, com
 }
 
 // post submits one intent through the API; its 202 means it is committed.
-func (bc Config) post(ctx context.Context, in outbox.Intent, committed *time.Time) error {
+func (bc Config) post(ctx context.Context, in outbox.Intent, tr *tracker, i int) error {
 	body, err := json.Marshal(map[string]any{"operation_key": in.OperationKey, "tool": in.Tool, "args": in.Args})
 	if err != nil {
 		return err
@@ -475,6 +420,11 @@ func (bc Config) post(ctx context.Context, in outbox.Intent, committed *time.Tim
 		req.Header.Set("Prefer", "wait=20")
 	}
 	sent := time.Now()
+	if bc.Wait {
+		// The answer comes after the outcome; the intent was committed
+		// about when it was sent.
+		tr.committed(i, i+1, sent)
+	}
 	resp, err := bc.client.Do(req)
 	if err != nil {
 		return err
@@ -485,17 +435,13 @@ func (bc Config) post(ctx context.Context, in outbox.Intent, committed *time.Tim
 		if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusAccepted {
 			return fmt.Errorf("POST /v1/intents for %s: %s", in.OperationKey, resp.Status)
 		}
-		now := time.Now()
-		bc.waits.add(in.OperationKey, now.Sub(sent), resp.StatusCode, now)
-		// The answer came after the outcome; the intent was committed
-		// about when it was sent.
-		*committed = sent
+		bc.waits.add(time.Since(sent), resp.StatusCode)
 		return nil
 	}
 	if resp.StatusCode != http.StatusAccepted {
 		return fmt.Errorf("POST /v1/intents for %s: %s", in.OperationKey, resp.Status)
 	}
-	*committed = time.Now()
+	tr.committed(i, i+1, time.Now())
 	return nil
 }
 
@@ -589,6 +535,8 @@ type benchTool struct {
 	url   string
 	srv   *http.Server
 	calls atomic.Int64
+	// track, while set, is told of every call (tracker.toolCalled).
+	track atomic.Pointer[tracker]
 	mu    sync.Mutex
 	seen  map[string][]uint64 // key prefix → bitset of the numbers called
 	other map[string]int      // calls of keys that are not the bench's
@@ -604,7 +552,11 @@ func startBenchTool() (*benchTool, error) {
 	t.srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		n := t.calls.Add(1)
-		t.called(r.Header.Get("Idempotency-Key"))
+		key := r.Header.Get("Idempotency-Key")
+		t.called(key)
+		if tr := t.track.Load(); tr != nil {
+			tr.toolCalled(key)
+		}
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"id":"ch_%d","status":"succeeded"}`, n)
 	})}
