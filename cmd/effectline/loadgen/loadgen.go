@@ -8,6 +8,7 @@ package loadgen
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -354,20 +355,15 @@ func (bc Config) load(ctx context.Context, a *app.App, tr *tracker, commits *ato
 		return hi < bc.N, nil
 	}
 	if bc.Rate > 0 {
-		interval := time.Duration(float64(time.Second) * float64(batch) / float64(bc.Rate))
-		t := time.NewTicker(interval)
-		defer t.Stop()
 		var wg sync.WaitGroup
 		errc := make(chan error, 1)
-		for more := true; more; {
+		var failed error
+		err := paced(ctx, wallClock, time.Duration(float64(time.Second)*float64(batch)/float64(bc.Rate)), func() bool {
 			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case err := <-errc:
-				return err
-			case <-t.C:
+			case failed = <-errc:
+				return false
+			default:
 			}
-			more = int(next.Load()) < bc.N
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -378,9 +374,16 @@ func (bc Config) load(ctx context.Context, a *app.App, tr *tracker, commits *ato
 					}
 				}
 			}()
-		}
+			return int(next.Load()) < bc.N
+		})
 		wg.Wait()
-		return nil
+		if failed == nil {
+			select {
+			case failed = <-errc:
+			default:
+			}
+		}
+		return cmp.Or(failed, err)
 	}
 	var wg sync.WaitGroup
 	errs := make(chan error, bc.Concurrency)
