@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -25,12 +27,21 @@ type Publisher interface {
 // DriverConfig configures a Driver.
 type DriverConfig struct {
 	// PollInterval is how often the driver looks for runs whose awaited
-	// operation settled, when nothing woke it sooner. Default 200ms.
+	// operation settled, when nothing woke it sooner, and how often the
+	// publisher looks for unpublished events. Default 200ms.
 	PollInterval time.Duration
-	// Batch bounds the runs advanced, and the events published, per round.
-	// Default 100.
-	Batch  int
-	Logger *slog.Logger
+	// Batch bounds the runs advanced per round, all in one transaction.
+	// Default 50.
+	Batch int
+	// PublishBatch bounds the events published per Kafka send and per
+	// transaction of the publisher. Default 500.
+	PublishBatch int
+	// RetryBackoff is how long a run that failed to advance is left out of
+	// the rounds before it is tried again; it doubles with every failure in
+	// a row, up to MaxRetryBackoff. Defaults 500ms and 1 minute.
+	RetryBackoff    time.Duration
+	MaxRetryBackoff time.Duration
+	Logger          *slog.Logger
 	// CrashPoint, when set, is called at the points where a crash matters
 	// (Point*), so the crash tests can kill the process there (a binary
 	// built with -tags crashpoints). Nil in production.
@@ -41,11 +52,11 @@ type DriverConfig struct {
 // the run unwinds (an undo completed, the next undo's intent follows) is
 // named apart, so a test can kill a process in the middle of an unwind.
 const (
-	// PointBeforeIntent: inside a transition's transaction, the workflow
-	// events journaled, the next step's intent not yet recorded.
+	// PointBeforeIntent: inside a round's transaction, the workflow events
+	// of its runs journaled, the next steps' intents not yet recorded.
 	PointBeforeIntent = "workflow_before_intent"
-	// PointAfterTransition: the transition committed with the next step's
-	// intent; no executor has claimed it yet.
+	// PointAfterTransition: the round committed with the next steps'
+	// intents; no executor has claimed them yet.
 	PointAfterTransition = "workflow_after_transition"
 	// PointUndoBeforeIntent and PointUndoAfterTransition are the same
 	// points of a transition from an unwinding run.
@@ -65,7 +76,16 @@ func (c DriverConfig) WithDefaults() DriverConfig {
 		c.PollInterval = 200 * time.Millisecond
 	}
 	if c.Batch <= 0 {
-		c.Batch = 100
+		c.Batch = 50
+	}
+	if c.PublishBatch <= 0 {
+		c.PublishBatch = 500
+	}
+	if c.RetryBackoff <= 0 {
+		c.RetryBackoff = 500 * time.Millisecond
+	}
+	if c.MaxRetryBackoff < c.RetryBackoff {
+		c.MaxRetryBackoff = max(time.Minute, c.RetryBackoff)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -73,56 +93,135 @@ func (c DriverConfig) WithDefaults() DriverConfig {
 	return c
 }
 
+// RunError is a run the driver could not advance. The round it was in
+// went on without it (its other runs committed), and the run is left out
+// of the rounds until RetryAt, then tried again from where it stands: a
+// failure writes nothing of the run, so it still waits on the same settled
+// operation.
+type RunError struct {
+	WorkflowID string
+	// Attempt counts the failures in a row, this one included.
+	Attempt int
+	RetryAt time.Time
+	Err     error
+}
+
+func (e *RunError) Error() string {
+	return fmt.Sprintf("advancing workflow %s (failure %d in a row, retried after %s): %v",
+		e.WorkflowID, e.Attempt, e.RetryAt.Format(time.RFC3339Nano), e.Err)
+}
+
+func (e *RunError) Unwrap() error { return e.Err }
+
+// DriverCounts are what a driver did since it was made.
+type DriverCounts struct {
+	// Rounds is the rounds that committed at least one transition: the
+	// driver's synchronous commits.
+	Rounds int64
+	// Transitions is the runs advanced, over all rounds.
+	Transitions int64
+	// Isolated is the rounds taken again one run at a time (savepoints)
+	// because the batched write of the round failed.
+	Isolated int64
+	// Failures is the RunErrors.
+	Failures int64
+	// Published is the workflow events published.
+	Published int64
+}
+
 // Driver advances workflow runs and publishes their events.
 //
 // It finds its work in PostgreSQL rather than on the outcomes topic: a run
-// waits on exactly one operation (events.Workflow.Awaiting, a column), and the sweep
-// joins the waiting runs to the operations' head rows, so "the operation
-// settled" is read from the same database the transition is written to.
-// Each transition runs in one transaction that locks the run's row (SKIP
-// LOCKED, so drivers in several processes share the work), checks again
-// that the run still waits on that operation and the operation is still
-// settled, appends the events (the head moves only from the seq it was read
-// at) and records the next intent. A crash before the commit leaves the run
-// waiting on the settled operation, and the next sweep takes the same
-// transition; after the commit the run waits on the next operation, so a
-// replay finds nothing to do. The in-process store's append hook wakes the
-// driver at once; other processes' appends are found by the poll.
+// waits on exactly one operation (events.Workflow.Awaiting, a column), and
+// the sweep joins the waiting runs to the operations' head rows, so "the
+// operation settled" is read from the same database the transition is
+// written to.
+//
+// It advances runs in rounds, as the executor's group commit appends: a
+// round locks up to Batch due runs in one statement (SKIP LOCKED, so
+// drivers in several processes share the work, and each run has one
+// driver at a time), decides each run's transition in memory, and writes
+// them all in one transaction of a few pipelined round trips: the heads
+// and events of every run (a head moves only from the seq it was read at),
+// then the next intents of every run. One commit holds each run's step
+// completion and its next intent together. A crash before the commit
+// leaves every run of the round waiting on its settled operation, and the
+// next round takes the same transitions; after the commit the runs wait on
+// their next operations, so a replay finds nothing to do.
+//
+// One run's failure does not hold back the others: a run whose transition
+// cannot be decided is left out of the write; when the batched write
+// fails, the round is rolled back and taken again with each run in a
+// savepoint of its own, so only the failing run is rolled back. Either way
+// the run gets a RunError, logged, and a backoff before it is tried again.
+//
+// The in-process store's append hook wakes the driver at once; other
+// processes' appends are found by the poll. Publishing the journaled
+// events to Kafka runs beside the rounds, never inside one (Run).
 type Driver struct {
 	svc *Service
 	pub Publisher
 	cfg DriverConfig
-	// wake is signalled by appends in this process.
-	wake chan struct{}
+	// wake is signalled by appends in this process; published by rounds
+	// that journaled events.
+	wake, publish chan struct{}
+	// clock is the time of the backoffs (a test moves it).
+	clock func() time.Time
+
+	mu sync.Mutex
+	// failing holds the runs that failed to advance, until their backoff
+	// ends and a little longer (so a failure in a row is counted as one).
+	failing map[string]backoff
+
+	rounds, transitions, isolated, failures, published atomic.Int64
+}
+
+type backoff struct {
+	attempt int
+	until   time.Time
 }
 
 // NewDriver returns a driver over svc's workflows. pub may be nil: then
 // the driver advances runs and leaves their events unpublished.
 func NewDriver(svc *Service, pub Publisher, cfg DriverConfig) *Driver {
-	d := &Driver{svc: svc, pub: pub, cfg: cfg.WithDefaults(), wake: make(chan struct{}, 1)}
-	svc.store.OnAppend(func() {
-		select {
-		case d.wake <- struct{}{}:
-		default:
-		}
-	})
+	d := &Driver{svc: svc, pub: pub, cfg: cfg.WithDefaults(), clock: time.Now,
+		wake: make(chan struct{}, 1), publish: make(chan struct{}, 1), failing: map[string]backoff{}}
+	svc.store.OnAppend(func() { signal(d.wake) })
 	return d
 }
 
-// Run advances runs until ctx ends.
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// Counts returns what the driver did so far.
+func (d *Driver) Counts() DriverCounts {
+	return DriverCounts{Rounds: d.rounds.Load(), Transitions: d.transitions.Load(), Isolated: d.isolated.Load(),
+		Failures: d.failures.Load(), Published: d.published.Load()}
+}
+
+// Run advances runs until ctx ends. The events the rounds journal are
+// published by a loop of their own beside them, so a Kafka send never
+// delays a transition; a round only wakes it.
 func (d *Driver) Run(ctx context.Context) error {
+	pubDone := make(chan struct{})
+	go func() {
+		defer close(pubDone)
+		d.publishLoop(ctx)
+	}()
+	defer func() { <-pubDone }()
 	t := time.NewTicker(d.cfg.PollInterval)
 	defer t.Stop()
 	for {
 		n, err := d.RunOnce(ctx)
 		if err != nil && ctx.Err() == nil {
-			d.cfg.Logger.WarnContext(ctx, "workflow driver round failed", slog.Any("error", err))
+			d.logErrors(ctx, err)
 		}
-		if _, err := d.PublishOnce(ctx); err != nil && ctx.Err() == nil {
-			d.cfg.Logger.WarnContext(ctx, "publishing workflow events failed", slog.Any("error", err))
-		}
-		if n > 0 {
-			continue // more may be waiting; the transitions' own appends woke nobody else
+		if n >= d.cfg.Batch {
+			continue // a full round: more may be waiting
 		}
 		select {
 		case <-ctx.Done():
@@ -133,107 +232,308 @@ func (d *Driver) Run(ctx context.Context) error {
 	}
 }
 
-// sweepSQL lists runs whose awaited operation has settled. It reads
-// without locking; each transition locks and checks again.
-const sweepSQL = `
-SELECT w.workflow_id
+// logErrors logs each run's failure with its workflow id, and a round's
+// own failure.
+func (d *Driver) logErrors(ctx context.Context, err error) {
+	errs := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	}
+	for _, err := range errs {
+		var re *RunError
+		if errors.As(err, &re) {
+			d.cfg.Logger.WarnContext(ctx, "workflow run not advanced; retried after a backoff",
+				slog.String("workflow_id", re.WorkflowID), slog.Int("failures", re.Attempt),
+				slog.Time("retry_at", re.RetryAt), slog.Any("error", re.Err))
+			continue
+		}
+		d.cfg.Logger.WarnContext(ctx, "workflow driver round failed", slog.Any("error", err))
+	}
+}
+
+func (d *Driver) publishLoop(ctx context.Context) {
+	t := time.NewTicker(d.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		n, err := d.PublishOnce(ctx)
+		if err != nil && ctx.Err() == nil {
+			d.cfg.Logger.WarnContext(ctx, "publishing workflow events failed", slog.Any("error", err))
+		}
+		if err == nil && n >= d.cfg.PublishBatch {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-d.publish:
+		}
+	}
+}
+
+// lockDueSQL locks the runs whose awaited operation has settled, with what
+// a transition needs: the run's head, the operation's head and the run's
+// trace context (journaled with its first event). Runs another driver
+// holds are skipped, and so are the runs backing off ($2). Only the runs'
+// rows are locked; a row that changed between the statement's snapshot and
+// its lock is checked again against the join, so a run that moved on to
+// another operation drops out.
+const lockDueSQL = `
+SELECT w.workflow_id, w.record, o.record, o.pruned_at IS NOT NULL,
+       (SELECT e.traceparent FROM workflow_events e WHERE e.workflow_id = w.workflow_id AND e.seq = 1)
   FROM workflows w
   JOIN operations o ON o.operation_key = w.awaiting
  WHERE w.awaiting IS NOT NULL
    AND o.status IN ('completed', 'failed', 'compensated')
+   AND w.workflow_id <> ALL($2::text[])
  ORDER BY w.updated_at
- LIMIT $1`
+ LIMIT $1
+   FOR UPDATE OF w SKIP LOCKED`
 
-// RunOnce takes every transition that is due now and returns how many it
-// took.
-func (d *Driver) RunOnce(ctx context.Context) (int, error) {
-	rows, err := d.svc.pool.Query(ctx, sweepSQL, d.cfg.Batch)
-	if err != nil {
-		return 0, fmt.Errorf("workflow sweep: %w", err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return 0, fmt.Errorf("workflow sweep: %w", err)
-	}
-	n := 0
-	var errs []error
-	for _, id := range ids {
-		ok, err := d.advance(ctx, id)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if ok {
-			n++
-		}
-	}
-	if n > 0 {
-		d.svc.store.NotifyAppended()
-	}
-	return n, errors.Join(errs...)
+// due is a run a round locked.
+type due struct {
+	transition
+	id   string
+	undo bool // unwinding: the crash points are the undo ones
 }
 
-func (d *Driver) advance(ctx context.Context, id string) (bool, error) {
-	done := false
-	before, after := PointBeforeIntent, PointAfterTransition
-	intents := false
-	err := pgx.BeginFunc(ctx, d.svc.pool, func(tx pgx.Tx) error {
-		var raw []byte
-		err := tx.QueryRow(ctx, `SELECT record FROM workflows WHERE workflow_id = $1 FOR UPDATE SKIP LOCKED`, id).Scan(&raw)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil // another driver holds it
+// runFailure is a run of a round that failed to advance.
+type runFailure struct {
+	id  string
+	err error
+}
+
+// RunOnce takes one round: up to Batch transitions that are due now, in
+// one transaction. It returns how many it took, and for each run that
+// failed to advance a *RunError (joined), the others being taken anyway.
+func (d *Driver) RunOnce(ctx context.Context) (int, error) {
+	skip := d.backingOff()
+	done, failed, err := d.round(ctx, skip, false)
+	if err != nil && ctx.Err() == nil {
+		// The batched write failed and was rolled back whole: take the
+		// round again with each run in a savepoint of its own, so the
+		// run at fault is found and the others advance.
+		d.isolated.Add(1)
+		var ierr error
+		done, failed, ierr = d.round(ctx, skip, true)
+		if ierr != nil {
+			return 0, fmt.Errorf("workflow round: %w (taken one run at a time after: %v)", ierr, err)
 		}
+	} else if err != nil {
+		return 0, fmt.Errorf("workflow round: %w", err)
+	}
+
+	var errs []error
+	for _, f := range failed {
+		errs = append(errs, d.fail(f))
+	}
+	if len(done) == 0 {
+		return 0, errors.Join(errs...)
+	}
+	d.rounds.Add(1)
+	d.transitions.Add(int64(len(done)))
+	d.mu.Lock()
+	for _, r := range done {
+		delete(d.failing, r.id)
+	}
+	d.mu.Unlock()
+	for _, r := range done {
+		if len(r.p.intents) == 0 {
+			continue
+		}
+		if r.undo {
+			d.crashPoint(PointUndoAfterTransition)
+		} else {
+			d.crashPoint(PointAfterTransition)
+		}
+	}
+	d.svc.store.NotifyAppended()
+	signal(d.publish)
+	return len(done), errors.Join(errs...)
+}
+
+// round locks the due runs, decides their transitions and writes them in
+// one transaction. isolate writes each run in a savepoint of its own (the
+// slow way, after the batched write failed). It returns the runs advanced
+// and those that failed; err is the round's own failure, nothing committed.
+func (d *Driver) round(ctx context.Context, skip []string, isolate bool) (done []*due, failed []runFailure, err error) {
+	err = pgx.BeginFunc(ctx, d.svc.pool, func(tx pgx.Tx) error {
+		done, failed = nil, nil
+		runs, bad, err := d.lockDue(ctx, tx, skip)
 		if err != nil {
 			return err
 		}
-		var r events.Workflow
-		if err := json.Unmarshal(raw, &r); err != nil {
-			return err
-		}
-		if r.Awaiting == "" || !r.Status.Active() {
+		failed = bad
+		if len(runs) == 0 {
 			return nil
 		}
-		op, err := store.LoadTx(ctx, tx, r.Awaiting)
-		if err != nil {
-			return err
+		// The undo points are those of a run that was unwinding already:
+		// an undo completed, the next undo's intent follows.
+		before := func(t *transition) {
+			if t.base.Status == events.WorkflowUnwinding {
+				d.crashPoint(PointUndoBeforeIntent)
+			} else {
+				d.crashPoint(PointBeforeIntent)
+			}
 		}
-		if !settled(op.Status) {
+		if !isolate {
+			ts := make([]*transition, len(runs))
+			for i, r := range runs {
+				ts[i] = &r.transition
+			}
+			if err := writeTransitions(ctx, tx, ts, d.svc.prefix, before); err != nil {
+				return err
+			}
+			for _, r := range runs {
+				if r.done {
+					done = append(done, r)
+				}
+			}
 			return nil
 		}
-		p, err := d.svc.eng.advance(r, op, d.svc.now())
-		if err != nil {
-			return err
-		}
-		if r.Status == events.WorkflowUnwinding {
-			before, after = PointUndoBeforeIntent, PointUndoAfterTransition
-		}
-		if intents = len(p.intents) > 0; intents {
-			p.beforeIntents = func() { d.crashPoint(before) }
-		}
-		tp, err := workflowTrace(ctx, tx, id)
-		if err != nil {
-			return err
-		}
-		ok, err := write(ctx, tx, r, p, d.svc.prefix, tp)
-		if err != nil {
-			return err
-		}
-		done = ok
-		if ok {
-			for _, e := range p.events {
-				d.cfg.Logger.InfoContext(ctx, "workflow event", slog.String("workflow_id", id),
-					slog.String("type", string(e.Type)), slog.Int64("seq", e.Seq))
+		for _, r := range runs {
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			if err := writeTransitions(ctx, sp, []*transition{&r.transition}, d.svc.prefix, before); err != nil {
+				if rerr := sp.Rollback(ctx); rerr != nil {
+					return rerr
+				}
+				r.done = false
+				failed = append(failed, runFailure{r.id, err})
+				continue
+			}
+			if err := sp.Commit(ctx); err != nil {
+				return err
+			}
+			if r.done {
+				done = append(done, r)
 			}
 		}
 		return nil
 	})
 	if err != nil {
-		return false, fmt.Errorf("advancing workflow %s: %w", id, err)
+		return nil, nil, err
 	}
-	if done && intents {
-		d.crashPoint(after)
+	for _, r := range done {
+		for _, e := range r.p.events {
+			d.cfg.Logger.InfoContext(ctx, "workflow event", slog.String("workflow_id", r.id),
+				slog.String("type", string(e.Type)), slog.Int64("seq", e.Seq))
+		}
 	}
-	return done, nil
+	return done, failed, nil
+}
+
+// lockDue locks the round's runs and decides their transitions. A run
+// whose transition cannot be decided is returned as failed, and nothing of
+// it is written.
+func (d *Driver) lockDue(ctx context.Context, tx pgx.Tx, skip []string) ([]*due, []runFailure, error) {
+	rows, err := tx.Query(ctx, lockDueSQL, d.cfg.Batch, skip)
+	if err != nil {
+		return nil, nil, fmt.Errorf("locking the due workflow runs: %w", store.InterpretError(err))
+	}
+	type locked struct {
+		id      string
+		run, op []byte
+		pruned  bool
+		tp      *string
+	}
+	var ls []locked
+	for rows.Next() {
+		var l locked
+		if err := rows.Scan(&l.id, &l.run, &l.op, &l.pruned, &l.tp); err != nil {
+			rows.Close()
+			return nil, nil, fmt.Errorf("locking the due workflow runs: %w", err)
+		}
+		ls = append(ls, l)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("locking the due workflow runs: %w", store.InterpretError(err))
+	}
+	// One time for the round: its transitions' events share it, so the
+	// journal tells a round's transactions apart (CountTransitions).
+	now := d.svc.now()
+	var runs []*due
+	var failed []runFailure
+	for _, l := range ls {
+		var r events.Workflow
+		if err := json.Unmarshal(l.run, &r); err != nil {
+			failed = append(failed, runFailure{l.id, fmt.Errorf("decoding the record: %w", err)})
+			continue
+		}
+		dr, err := d.decide(r, l.op, l.pruned, l.tp, now)
+		if err != nil {
+			failed = append(failed, runFailure{l.id, err})
+			continue
+		}
+		if dr != nil {
+			runs = append(runs, dr)
+		}
+	}
+	return runs, failed, nil
+}
+
+// decide is one locked run's transition, or nil when it has none to take.
+func (d *Driver) decide(r events.Workflow, rawOp []byte, pruned bool, tp *string, now time.Time) (*due, error) {
+	if r.Awaiting == "" || !r.Status.Active() {
+		return nil, nil
+	}
+	if pruned {
+		return nil, fmt.Errorf("the awaited operation %s was pruned", r.Awaiting)
+	}
+	op, err := events.UnmarshalOperation(rawOp)
+	if err != nil {
+		return nil, fmt.Errorf("loading operation %s: decoding the record: %w", r.Awaiting, err)
+	}
+	if !settled(op.Status) {
+		return nil, nil
+	}
+	if tp == nil {
+		return nil, fmt.Errorf("loading the trace context of workflow %s: no first event", r.WorkflowID)
+	}
+	p, err := d.svc.eng.advance(r, op, now)
+	if err != nil {
+		return nil, err
+	}
+	return &due{transition: transition{base: r, p: p, tp: *tp}, id: r.WorkflowID,
+		undo: r.Status == events.WorkflowUnwinding}, nil
+}
+
+// backingOff lists the runs whose backoff has not ended, and forgets the
+// failures long past.
+func (d *Driver) backingOff() []string {
+	now := d.clock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	skip := []string{}
+	for id, b := range d.failing {
+		switch {
+		case now.Before(b.until):
+			skip = append(skip, id)
+		case now.Sub(b.until) > d.cfg.MaxRetryBackoff:
+			delete(d.failing, id)
+		}
+	}
+	return skip
+}
+
+// fail records a run's failure and its backoff.
+func (d *Driver) fail(f runFailure) *RunError {
+	now := d.clock()
+	d.mu.Lock()
+	b := d.failing[f.id]
+	b.attempt++
+	wait := d.cfg.RetryBackoff << min(b.attempt-1, 20)
+	if wait <= 0 || wait > d.cfg.MaxRetryBackoff {
+		wait = d.cfg.MaxRetryBackoff
+	}
+	b.until = now.Add(wait)
+	d.failing[f.id] = b
+	d.mu.Unlock()
+	d.failures.Add(1)
+	return &RunError{WorkflowID: f.id, Attempt: b.attempt, RetryAt: b.until, Err: f.err}
 }
 
 // publisherLock is the advisory lock key of the one publisher at a time:
@@ -256,7 +556,7 @@ func (d *Driver) PublishOnce(ctx context.Context) (int, error) {
 			return err
 		}
 		rows, err := tx.Query(ctx, `SELECT workflow_id, seq, envelope, traceparent FROM workflow_events
-			WHERE NOT published ORDER BY workflow_id, seq LIMIT $1`, d.cfg.Batch)
+			WHERE NOT published ORDER BY workflow_id, seq LIMIT $1`, d.cfg.PublishBatch)
 		if err != nil {
 			return err
 		}
@@ -303,5 +603,6 @@ func (d *Driver) PublishOnce(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("publishing workflow events: %w", err)
 	}
+	d.published.Add(int64(n))
 	return n, nil
 }

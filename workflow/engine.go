@@ -25,9 +25,6 @@ type plan struct {
 	rec     events.Workflow
 	events  []events.WorkflowEnvelope
 	intents []intent
-	// beforeIntents, if set, runs after the events are journaled and
-	// before the intents are recorded (the driver's crash point).
-	beforeIntents func()
 }
 
 func (p *plan) add(t events.WorkflowType, data any, at time.Time) error {

@@ -78,85 +78,183 @@ func load(ctx context.Context, q querier, id string, forUpdate bool) (events.Wor
 // transition), the events are appended, and the plan's intents recorded.
 // base.Seq 0 creates the run; false means another writer got there first.
 func write(ctx context.Context, tx pgx.Tx, base events.Workflow, p *plan, prefix, traceparent string) (bool, error) {
-	rec := p.rec
+	t := &transition{base: base, p: p, tp: traceparent}
+	if err := writeTransitions(ctx, tx, []*transition{t}, prefix, nil); err != nil {
+		return false, err
+	}
+	return t.done, nil
+}
+
+// transition is one run's plan, to be written from base.
+type transition struct {
+	base events.Workflow
+	p    *plan
+	// tp is the run's trace context (workflowTrace): its events and
+	// intents are journaled with it.
+	tp string
+	// done is set by writeTransitions: the head moved, the events and
+	// intents are written.
+	done bool
+}
+
+// The statements that move a run's head and journal the transition's
+// events, one statement per run so that a round's runs are pipelined (see
+// store's appendSQL, the same shape): the events are inserted only if the
+// head row was written, and count(*) says whether it was. $2 is the seq
+// the writer decided from; a run's head moves only from there.
+const (
+	advanceRunSQL = `
+WITH head AS (
+    UPDATE workflows SET status = $3, seq = $4, awaiting = $5, record = $6, updated_at = $7
+     WHERE workflow_id = $1 AND seq = $2
+    RETURNING 1` + runEventsSQL
+
+	createRunSQL = `
+WITH head AS (
+    INSERT INTO workflows (workflow_id, workflow, input_hash, status, seq, awaiting, record, created_at, updated_at)
+    VALUES ($1, $14, $15, $3, $4, $5, $6, $7, $7)
+    ON CONFLICT (workflow_id) DO NOTHING
+    RETURNING $2::bigint` + runEventsSQL
+
+	runEventsSQL = `
+), ev AS (
+    INSERT INTO workflow_events (workflow_id, seq, event_id, type, envelope, traceparent, occurred_at)
+    SELECT $1, u.seq, u.event_id, u.type, u.envelope, $8, u.occurred_at
+      FROM unnest($9::bigint[], $10::text[], $11::text[], $12::bytea[], $13::timestamptz[])
+           AS u(seq, event_id, type, envelope, occurred_at)
+     WHERE EXISTS (SELECT 1 FROM head)
+)
+SELECT count(*) FROM head`
+)
+
+// queueHead queues t's head-and-events statement on b.
+func queueHead(b *pgx.Batch, t *transition) error {
+	rec := t.p.rec
 	rec.Events, rec.Operations = nil, nil
 	raw, err := json.Marshal(rec)
 	if err != nil {
-		return false, fmt.Errorf("encoding workflow %s: %w", rec.WorkflowID, err)
+		return fmt.Errorf("encoding workflow %s: %w", rec.WorkflowID, err)
 	}
 	var awaiting any
 	if rec.Awaiting != "" {
 		awaiting = rec.Awaiting
 	}
-	var tag int64
-	if base.Seq == 0 {
-		ct, err := tx.Exec(ctx, `INSERT INTO workflows (workflow_id, workflow, input_hash, status, seq, awaiting, record, created_at, updated_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8) ON CONFLICT (workflow_id) DO NOTHING`,
-			rec.WorkflowID, rec.Workflow, rec.InputHash, string(rec.Status), rec.Seq, awaiting, raw, rec.UpdatedAt)
+	n := len(t.p.events)
+	seqs, ids, types := make([]int64, n), make([]string, n), make([]string, n)
+	envs, times := make([][]byte, n), make([]time.Time, n)
+	for i, e := range t.p.events {
+		env, err := json.Marshal(e)
 		if err != nil {
-			return false, fmt.Errorf("recording workflow %s: %w", rec.WorkflowID, err)
+			return fmt.Errorf("encoding %s of workflow %s: %w", e.Type, e.WorkflowID, err)
 		}
-		tag = ct.RowsAffected()
+		seqs[i], ids[i], types[i], envs[i], times[i] = e.Seq, e.EventID, string(e.Type), env, e.OccurredAt
+	}
+	// The head record is a derived copy in jsonb, which cannot hold NUL;
+	// the journal keeps the exact bytes.
+	args := []any{rec.WorkflowID, t.base.Seq, string(rec.Status), rec.Seq, awaiting, store.JSONBSafe(raw), rec.UpdatedAt,
+		t.tp, seqs, ids, types, envs, times}
+	if t.base.Seq == 0 {
+		b.Queue(createRunSQL, append(args, rec.Workflow, rec.InputHash)...)
 	} else {
-		ct, err := tx.Exec(ctx, `UPDATE workflows SET status = $3, seq = $4, awaiting = $5, record = $6, updated_at = $7
-			WHERE workflow_id = $1 AND seq = $2`,
-			rec.WorkflowID, base.Seq, string(rec.Status), rec.Seq, awaiting, raw, rec.UpdatedAt)
-		if err != nil {
-			return false, fmt.Errorf("recording workflow %s: %w", rec.WorkflowID, err)
-		}
-		tag = ct.RowsAffected()
+		b.Queue(advanceRunSQL, args...)
 	}
-	if tag == 0 {
-		return false, nil
-	}
-	for _, e := range p.events {
-		b, err := json.Marshal(e)
-		if err != nil {
-			return false, err
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO workflow_events (workflow_id, seq, event_id, type, envelope, traceparent, occurred_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7)`, e.WorkflowID, e.Seq, e.EventID, string(e.Type), b, traceparent, e.OccurredAt); err != nil {
-			return false, fmt.Errorf("journaling %s of workflow %s: %w", e.Type, e.WorkflowID, err)
-		}
-	}
-	if p.beforeIntents != nil && len(p.intents) > 0 {
-		p.beforeIntents()
-	}
-	for _, in := range p.intents {
-		if err := recordIntent(ctx, tx, in, rec.Principal, prefix, traceparent, rec.UpdatedAt); err != nil {
-			return false, err
-		}
-	}
-	return true, nil
+	return nil
 }
 
-// recordIntent records a step's (or an undo's) intent inside tx. The key
-// may exist already with the same call: someone recorded it by hand, which
-// the step adopts. With another call it is a conflict the run cannot get
-// past, an error.
-func recordIntent(ctx context.Context, tx pgx.Tx, in intent, principal, prefix, traceparent string, at time.Time) error {
-	env, err := events.New(events.IntentRecorded, in.key, 1, in.tool, in.class, 0,
-		events.IntentData{Args: in.args, Principal: principal}, at)
-	if err != nil {
-		return fmt.Errorf("recording intent %s: %w", in.key, err)
+// writeTransitions writes ts inside tx in a few round trips whatever their
+// number: one pipelined batch moves the heads and journals the events,
+// beforeIntents (if set) is called for each transition written that has
+// intents, and a second batch records the intents of the transitions
+// written (store.AppendBatchTx). A transition whose head had moved
+// meanwhile is left with done false and nothing of it written. Any error
+// leaves tx to be rolled back: which run caused it is for the caller to
+// find out, by writing the runs one at a time.
+func writeTransitions(ctx context.Context, tx pgx.Tx, ts []*transition, prefix string, beforeIntents func(*transition)) error {
+	var b pgx.Batch
+	for _, t := range ts {
+		if err := queueHead(&b, t); err != nil {
+			return err
+		}
 	}
-	_, err = store.AppendTx(ctx, tx, store.Append{Events: []events.Envelope{env}, Traceparent: traceparent, TopicPrefix: prefix})
-	if err == nil {
+	br := tx.SendBatch(ctx, &b)
+	for _, t := range ts {
+		var n int64
+		if err := br.QueryRow().Scan(&n); err != nil {
+			_ = br.Close()
+			return fmt.Errorf("recording workflow %s: %w", t.p.rec.WorkflowID, store.InterpretError(err))
+		}
+		t.done = n > 0
+	}
+	if err := br.Close(); err != nil {
+		return fmt.Errorf("recording %d workflow transitions: %w", len(ts), store.InterpretError(err))
+	}
+
+	var appends []store.Append
+	var wanted []intent
+	for _, t := range ts {
+		if !t.done || len(t.p.intents) == 0 {
+			continue
+		}
+		if beforeIntents != nil {
+			beforeIntents(t)
+		}
+		for _, in := range t.p.intents {
+			env, err := events.New(events.IntentRecorded, in.key, 1, in.tool, in.class, 0,
+				events.IntentData{Args: in.args, Principal: t.p.rec.Principal}, t.p.rec.UpdatedAt)
+			if err != nil {
+				return fmt.Errorf("recording intent %s: %w", in.key, err)
+			}
+			appends = append(appends, store.Append{Events: []events.Envelope{env}, Traceparent: t.tp, TopicPrefix: prefix})
+			wanted = append(wanted, in)
+		}
+	}
+	if len(appends) == 0 {
 		return nil
 	}
-	if !store.IsConflict(err) {
-		return fmt.Errorf("recording intent %s: %w", in.key, err)
+	res, err := store.AppendBatchTx(ctx, tx, appends)
+	if err != nil {
+		return fmt.Errorf("recording %d intents: %w", len(appends), err)
 	}
-	op, lerr := store.LoadTx(ctx, tx, in.key)
-	if lerr != nil {
-		return fmt.Errorf("recording intent %s: %w", in.key, lerr)
+	var taken []intent
+	for i, r := range res {
+		switch {
+		case r.Err == nil:
+		case store.IsConflict(r.Err):
+			taken = append(taken, wanted[i])
+		default:
+			return fmt.Errorf("recording intent %s: %w", wanted[i].key, r.Err)
+		}
 	}
-	hash, herr := events.PayloadHash(in.args)
-	if herr != nil {
-		return fmt.Errorf("recording intent %s: %w", in.key, herr)
+	return adoptIntents(ctx, tx, taken)
+}
+
+// adoptIntents checks intents whose keys exist already. The same call
+// recorded by hand is one the step adopts. Another call under the key is a
+// conflict the run cannot get past, an error.
+func adoptIntents(ctx context.Context, tx pgx.Tx, taken []intent) error {
+	if len(taken) == 0 {
+		return nil
 	}
-	if op.PayloadHash != hash || op.Tool != in.tool {
-		return fmt.Errorf("recording intent %s: the key is already recorded for another call: %w", in.key, ErrPayloadConflict)
+	keys := make([]string, len(taken))
+	for i, in := range taken {
+		keys[i] = in.key
+	}
+	ops, err := store.LoadManyTx(ctx, tx, keys)
+	if err != nil {
+		return fmt.Errorf("recording intents: %w", err)
+	}
+	for _, in := range taken {
+		op, ok := ops[in.key]
+		if !ok {
+			return fmt.Errorf("recording intent %s: the key is already recorded, and pruned", in.key)
+		}
+		hash, err := events.PayloadHash(in.args)
+		if err != nil {
+			return fmt.Errorf("recording intent %s: %w", in.key, err)
+		}
+		if op.PayloadHash != hash || op.Tool != in.tool {
+			return fmt.Errorf("recording intent %s: the key is already recorded for another call: %w", in.key, ErrPayloadConflict)
+		}
 	}
 	return nil
 }
@@ -299,14 +397,14 @@ func (j *Journal) CountSettled(ctx context.Context, prefix string) (int, error) 
 	return n, nil
 }
 
-// CountTransitions returns how many transactions after the start wrote
-// events of the runs whose id starts with prefix: a transition's events
-// share their occurred_at.
-func (j *Journal) CountTransitions(ctx context.Context, prefix string) (int64, error) {
-	var n int64
-	if err := j.pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT DISTINCT workflow_id, occurred_at FROM workflow_events
-		WHERE starts_with(workflow_id, $1) AND seq > 1) t`, prefix).Scan(&n); err != nil {
-		return 0, fmt.Errorf("counting the transitions under %q: %w", prefix, store.InterpretError(err))
+// CountTransitions returns how many transitions after the start wrote
+// events of the runs whose id starts with prefix, and in how many
+// transactions: a transition's events share their occurred_at, and so do
+// all the transitions of one driver round.
+func (j *Journal) CountTransitions(ctx context.Context, prefix string) (transitions, transactions int64, err error) {
+	if err := j.pool.QueryRow(ctx, `SELECT count(DISTINCT (workflow_id, occurred_at)), count(DISTINCT occurred_at)
+		FROM workflow_events WHERE starts_with(workflow_id, $1) AND seq > 1`, prefix).Scan(&transitions, &transactions); err != nil {
+		return 0, 0, fmt.Errorf("counting the transitions under %q: %w", prefix, store.InterpretError(err))
 	}
-	return n, nil
+	return transitions, transactions, nil
 }
