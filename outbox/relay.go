@@ -12,12 +12,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/semconv"
 	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/store"
@@ -328,11 +328,11 @@ func (r *Relay) publish(ctx context.Context, evs []store.OutboxEvent) error {
 		sctx, span := r.tracer.Start(traceparent.ContextWith(ctx, e.Traceparent), "relay publish",
 			trace.WithSpanKind(trace.SpanKindProducer),
 			trace.WithAttributes(
-				attribute.String("messaging.system", "kafka"),
-				attribute.String("messaging.destination.name", e.Topic),
-				attribute.String("effectline.operation_key", e.Envelope.OperationKey),
-				attribute.String("effectline.event_type", string(e.Envelope.Type)),
-				attribute.Int64("effectline.seq", e.Envelope.Seq),
+				semconv.MessagingSystem.String(semconv.MessagingSystemKafka),
+				semconv.MessagingDestination.String(e.Topic),
+				semconv.OperationKey.String(e.Envelope.OperationKey),
+				semconv.EventType.String(string(e.Envelope.Type)),
+				semconv.Seq.Int64(e.Envelope.Seq),
 			))
 		spans[i] = span
 		env, raw := e.Envelope, e.Raw

@@ -31,12 +31,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/semconv"
 	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/service"
 	"github.com/effectline/effectline/store"
@@ -379,9 +379,9 @@ func (p *Projector) handle(ctx context.Context, msgs []*kafka.Message) (kafka.Du
 		mctx, span := p.tracer.Start(mctx, "projector.project",
 			trace.WithSpanKind(trace.SpanKindConsumer),
 			trace.WithAttributes(
-				attribute.String("effectline.operation_key", env.OperationKey),
-				attribute.String("effectline.event_type", string(env.Type)),
-				attribute.Int64("effectline.seq", env.Seq),
+				semconv.OperationKey.String(env.OperationKey),
+				semconv.EventType.String(string(env.Type)),
+				semconv.Seq.Int64(env.Seq),
 			))
 		ctxs, envs, spans = append(ctxs, mctx), append(envs, env), append(spans, span)
 	}
@@ -404,7 +404,7 @@ func (p *Projector) handle(ctx context.Context, msgs []*kafka.Message) (kafka.Du
 			}
 			continue
 		}
-		span.SetAttributes(attribute.String("effectline.projection.outcome", res.outcome.String()))
+		span.SetAttributes(semconv.ProjectionOutcome.String(res.outcome.String()))
 		if res.outcome == outcomeRejected {
 			span.SetStatus(codes.Error, "rejected")
 			p.log.ErrorContext(ctxs[i], "projector: dropped an event that does not apply to its operation",
@@ -456,9 +456,9 @@ func (p *Projector) handleWorkflows(ctx context.Context, msgs []*kafka.Message) 
 		mctx, span := p.tracer.Start(msg.Context(ctx), "projector.project_workflow",
 			trace.WithSpanKind(trace.SpanKindConsumer),
 			trace.WithAttributes(
-				attribute.String("effectline.workflow_id", env.WorkflowID),
-				attribute.String("effectline.event_type", string(env.Type)),
-				attribute.Int64("effectline.seq", env.Seq),
+				semconv.WorkflowID.String(env.WorkflowID),
+				semconv.EventType.String(string(env.Type)),
+				semconv.Seq.Int64(env.Seq),
 			))
 		ctxs, evs, spans = append(ctxs, mctx), append(evs, workflowEvent{env: env, trace: tp}), append(spans, span)
 	}
@@ -481,7 +481,7 @@ func (p *Projector) handleWorkflows(ctx context.Context, msgs []*kafka.Message) 
 			}
 			continue
 		}
-		span.SetAttributes(attribute.String("effectline.projection.outcome", res.outcome.String()))
+		span.SetAttributes(semconv.ProjectionOutcome.String(res.outcome.String()))
 		if res.outcome == outcomeRejected {
 			span.SetStatus(codes.Error, "rejected")
 			p.log.ErrorContext(ctxs[i], "projector: dropped a workflow event that does not apply to its run",

@@ -66,39 +66,14 @@ func (r *Reader) List(ctx context.Context, f events.ListFilter) (events.ListPage
 	if f.Status != "" && !f.Status.Valid() {
 		return events.ListPage{}, &events.FilterError{Field: "status", Reason: fmt.Sprintf("unknown status %q", f.Status)}
 	}
-	// The WHERE clause is built from the filters present rather than with
-	// "$1 IS NULL OR …" guards, so each shape gets a plan that uses its
-	// index even when the statement is cached as a generic plan.
-	var (
-		conds []string
-		args  []any
-	)
-	arg := func(v any) string {
-		args = append(args, v)
-		return "$" + strconv.Itoa(len(args))
+	var q pageQuery
+	q.eq("status", string(f.Status))
+	q.eq("tool", f.Tool)
+	q.eq("principal", f.Principal)
+	if err := q.after(f.Cursor, "operation_key"); err != nil {
+		return events.ListPage{}, err
 	}
-	if f.Status != "" {
-		conds = append(conds, "status = "+arg(string(f.Status)))
-	}
-	if f.Tool != "" {
-		conds = append(conds, "tool = "+arg(f.Tool))
-	}
-	if f.Principal != "" {
-		conds = append(conds, "principal = "+arg(f.Principal))
-	}
-	if f.Cursor != "" {
-		c, err := decodeCursor(f.Cursor)
-		if err != nil {
-			return events.ListPage{}, err
-		}
-		conds = append(conds, "(created_at, operation_key) < ("+arg(c.CreatedAt)+", "+arg(c.Key)+")")
-	}
-	sql := `SELECT ` + stateColumns + ` FROM operation_state`
-	if len(conds) > 0 {
-		sql += ` WHERE ` + strings.Join(conds, " AND ")
-	}
-	// One row more than the page says whether another page follows.
-	sql += ` ORDER BY created_at DESC, operation_key DESC LIMIT ` + arg(limit+1)
+	sql, args := q.statement(`SELECT `+stateColumns+` FROM operation_state`, "operation_key", limit)
 
 	rows, err := r.pool.Query(ctx, sql, args...)
 	if err != nil {
@@ -118,6 +93,51 @@ func (r *Reader) List(ctx context.Context, f events.ListFilter) (events.ListPage
 		p.Items = []events.Operation{}
 	}
 	return p, nil
+}
+
+// pageQuery builds a keyset page's statement from the filters present
+// rather than with "$1 IS NULL OR …" guards, so each shape gets a plan that
+// uses its index even when the statement is cached as a generic plan.
+type pageQuery struct {
+	conds []string
+	args  []any
+}
+
+func (q *pageQuery) arg(v any) string {
+	q.args = append(q.args, v)
+	return "$" + strconv.Itoa(len(q.args))
+}
+
+// eq filters on col = v when v is set.
+func (q *pageQuery) eq(col, v string) {
+	if v != "" {
+		q.conds = append(q.conds, col+" = "+q.arg(v))
+	}
+}
+
+// after starts the page after cursor (when set), in the order of
+// (created_at, key) descending.
+func (q *pageQuery) after(cursor, key string) error {
+	if cursor == "" {
+		return nil
+	}
+	c, err := decodeCursor(cursor)
+	if err != nil {
+		return err
+	}
+	q.conds = append(q.conds, "(created_at, "+key+") < ("+q.arg(c.CreatedAt)+", "+q.arg(c.Key)+")")
+	return nil
+}
+
+// statement is selectFrom with the filters, newest first, and one row more
+// than the page, which says whether another page follows.
+func (q *pageQuery) statement(selectFrom, key string, limit int) (string, []any) {
+	sql := selectFrom
+	if len(q.conds) > 0 {
+		sql += ` WHERE ` + strings.Join(q.conds, " AND ")
+	}
+	sql += ` ORDER BY created_at DESC, ` + key + ` DESC LIMIT ` + q.arg(limit+1)
+	return sql, q.args
 }
 
 func pageLimit(n int) (int, error) {
@@ -251,34 +271,15 @@ func (r *Reader) ListWorkflows(ctx context.Context, f events.WorkflowFilter) (ev
 	if f.Status != "" && !f.Status.Valid() {
 		return events.WorkflowPage{}, &events.FilterError{Field: "status", Reason: fmt.Sprintf("unknown status %q", f.Status)}
 	}
-	// Built from the filters present, as in List, so each shape is planned
-	// on its index (workflow_state_status, _principal or _created).
-	var (
-		conds []string
-		args  []any
-	)
-	arg := func(v any) string {
-		args = append(args, v)
-		return "$" + strconv.Itoa(len(args))
+	// Planned on its index (workflow_state_status, _principal or _created)
+	// for each shape, as in List.
+	var q pageQuery
+	q.eq("status", string(f.Status))
+	q.eq("principal", f.Principal)
+	if err := q.after(f.Cursor, "workflow_id"); err != nil {
+		return events.WorkflowPage{}, err
 	}
-	if f.Status != "" {
-		conds = append(conds, "status = "+arg(string(f.Status)))
-	}
-	if f.Principal != "" {
-		conds = append(conds, "principal = "+arg(f.Principal))
-	}
-	if f.Cursor != "" {
-		c, err := decodeCursor(f.Cursor)
-		if err != nil {
-			return events.WorkflowPage{}, err
-		}
-		conds = append(conds, "(created_at, workflow_id) < ("+arg(c.CreatedAt)+", "+arg(c.Key)+")")
-	}
-	sql := `SELECT record, created_at FROM workflow_state`
-	if len(conds) > 0 {
-		sql += ` WHERE ` + strings.Join(conds, " AND ")
-	}
-	sql += ` ORDER BY created_at DESC, workflow_id DESC LIMIT ` + arg(limit+1)
+	sql, args := q.statement(`SELECT record, created_at FROM workflow_state`, "workflow_id", limit)
 
 	rows, err := r.pool.Query(ctx, sql, args...)
 	if err != nil {

@@ -54,6 +54,7 @@ const (
 // Keys of the projector's spans.
 const (
 	ProjectionOutcome = attribute.Key("effectline.projection.outcome")
+	WorkflowID        = attribute.Key("effectline.workflow_id")
 )
 
 // OpenTelemetry's own semantic-convention keys that effectline sets.
