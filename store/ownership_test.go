@@ -38,7 +38,15 @@ var joinedReads = map[string]map[string]string{
 	// Pruning turns head rows into tombstones and drops their read-model
 	// rows in one statement, so no list ever shows an operation whose
 	// events are gone.
-	"store/prune.go": {"operation_state": "deleted with the tombstoning"},
+	// It also keeps, in the same statement, a step operation a workflow
+	// run still awaits: checked apart, the run could start waiting between
+	// the check and the prune and be stranded on a tombstone.
+	"store/prune.go": {"operation_state": "deleted with the tombstoning", "workflows": "NOT EXISTS guard for awaited step operations"},
+	// The same two guards for runs: the projector's upsert skips runs
+	// pruned to tombstones, and pruning a run drops its read-model row in
+	// the statement that tombstones it.
+	"projector/workflow_state.go": {"workflows": "NOT EXISTS guard against pruned runs"},
+	"workflow/prune.go":           {"workflow_state": "deleted with the tombstoning"},
 	// The workflow driver finds the workflows whose awaited step settled
 	// with one join over every waiting workflow, not one load per workflow.
 	"workflow/driver.go": {"operations": "join of waiting workflows to their steps' head rows"},
