@@ -272,18 +272,6 @@ func (s *errStreak) fail() {
 	s.failures++
 }
 
-// sleep waits d or until ctx is done, reporting whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
 // runOnce publishes batches while they come back full and returns how many
 // events it published.
 func (r *Relay) runOnce(ctx context.Context) (int, error) {
@@ -396,7 +384,7 @@ func (r *Relay) listen(ctx context.Context) {
 			r.log.WarnContext(ctx, "outbox relay: LISTEN connection lost; polling until it is back", "error", err)
 		}
 		streak.fail()
-		if !sleep(ctx, service.Backoff{Base: baseBackoff, Max: r.cfg.MaxBackoff}.After(streak.failures, rand.Float64)) {
+		if !service.Sleep(ctx, service.Backoff{Base: baseBackoff, Max: r.cfg.MaxBackoff}.After(streak.failures, rand.Float64)) {
 			return
 		}
 	}

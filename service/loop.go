@@ -159,3 +159,15 @@ func (b Backoff) After(n int, rnd func() float64) time.Duration {
 	half := d / 2
 	return half + time.Duration(rnd()*float64(half))
 }
+
+// Sleep waits d or until ctx is done, reporting whether d passed.
+func Sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

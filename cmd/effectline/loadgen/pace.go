@@ -3,6 +3,8 @@ package loadgen
 import (
 	"context"
 	"time"
+
+	"github.com/effectline/effectline/service"
 )
 
 // clock is what paced reads and waits on; tests give it a fake one.
@@ -11,18 +13,12 @@ type clock struct {
 	sleep func(context.Context, time.Duration) error
 }
 
-var wallClock = clock{now: time.Now, sleep: sleepCtx}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
+var wallClock = clock{now: time.Now, sleep: func(ctx context.Context, d time.Duration) error {
+	if !service.Sleep(ctx, d) {
 		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
-}
+	return nil
+}}
 
 // paced calls fire once per period on average, counted from its start,
 // until fire returns false or ctx ends. The i-th call is due at start +
