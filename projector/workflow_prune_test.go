@@ -155,3 +155,66 @@ func TestPrunedRunsStayPrunedAndRebuildTheSame(t *testing.T) {
 	replay.stop()
 	assertSameTable(t, "workflow_state after a replay of the pruned runs' events", h.workflowSnapshot(), after)
 }
+
+// A projector's write racing the prune of the same run leaves the run
+// pruned. The prune is held open in a transaction taking the locks its
+// statement takes (the head row FOR UPDATE, the tombstone written, the
+// state row deleted) while a flush writes the run's last record, as a live
+// projector a moment behind the driver or a replay does. A write that
+// checked the tombstone only in its snapshot (NOT EXISTS) waited for the
+// deleted row and then inserted it again, once the prune had committed.
+func TestAWriteRacingThePruneLeavesTheRunPruned(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	ctx := t.Context()
+	s := newSaga(h, nil)
+	s.runAll()
+	rec, err := s.svc.Get(ctx, runUnwound)
+	if err != nil || rec.Status != events.WorkflowUnwound {
+		t.Fatalf("run %s: %s, %v; want unwound", runUnwound, rec.Status, err)
+	}
+	if _, err := projector.WriteWorkflows(ctx, h.pool, rec); err != nil {
+		t.Fatal(err)
+	}
+
+	prune, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prune.Rollback(ctx)
+	for _, sql := range []string{
+		`SELECT 1 FROM workflows WHERE workflow_id = $1 FOR UPDATE`,
+		`UPDATE workflows SET pruned_at = now(), seq = seq + 1 WHERE workflow_id = $1`,
+		`DELETE FROM workflow_state WHERE workflow_id = $1`,
+	} {
+		if _, err := prune.Exec(ctx, sql, runUnwound); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wrote := make(chan error, 1)
+	go func() {
+		ids, err := projector.WriteWorkflows(ctx, h.pool, rec)
+		if err == nil && len(ids) > 0 {
+			err = errors.New("the write wrote the row")
+		}
+		wrote <- err
+	}()
+	// The write waits on a lock the prune holds (the head row, or the
+	// deleted state row), whichever form it takes.
+	waitUntil(t, "the write to wait for the prune", func() bool {
+		var n int
+		err := h.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+		 WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+		return err == nil && n > 0
+	})
+	if err := prune.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-wrote; err != nil {
+		t.Errorf("the racing write: %v", err)
+	}
+	var n int
+	if err := h.pool.QueryRow(ctx, `SELECT count(*) FROM workflow_state WHERE workflow_id = $1`, runUnwound).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d workflow_state rows of the pruned run (err %v), want 0", n, err)
+	}
+}

@@ -142,11 +142,22 @@ func (s workflowStream) journal(ctx context.Context, id string, afterSeq int64) 
 // per batch. As in upsertSQL, the WHERE clause is the idempotence guard: a
 // row is only ever replaced by one with a higher seq, so a redelivered or
 // late event, a replica that lost its partition, or a projector behind a
-// rebuild cannot move a row back. The NOT EXISTS keeps a pruned run pruned,
-// as upsertSQL does for operations: the workflows topic may still hold its
-// events after its retention (a replay from offset 0, a group reset), and
-// without the guard they would bring back a row that nothing would ever
-// prune again. A row it skips counts as not written, like a stale one.
+// rebuild cannot move a row back. The join on the run's head row keeps a
+// pruned run pruned: the workflows topic may still hold its events after
+// its retention (a replay from offset 0, a group reset), and without the
+// guard they would bring back a row that nothing would ever prune again.
+// A row it skips counts as not written, like a stale one.
+//
+// The head row is locked FOR KEY SHARE, not merely tested with NOT EXISTS
+// as upsertSQL does for operations. A NOT EXISTS reads the statement's
+// snapshot: a prune that commits after it (tombstone written, state row
+// deleted) lets the insert find no conflicting row any more, and the run's
+// row comes back; a live projector a moment behind the driver meets this
+// whenever a run is pruned as soon as it settles. The lock conflicts only
+// with the prune's FOR UPDATE (the driver and the journal's writes take
+// FOR NO KEY UPDATE), so either the prune skips the run this round or the
+// upsert waits for the prune and, reading the head row again under its
+// lock (READ COMMITTED's recheck), finds it pruned and writes nothing.
 const upsertWorkflowsSQL = `
 INSERT INTO workflow_state (workflow_id, workflow, status, principal, current_step, awaiting, seq, record,
                             traceparent, created_at, updated_at, projected_at)
@@ -156,7 +167,8 @@ SELECT u.workflow_id, u.workflow, u.status, u.principal, u.current_step, u.await
               $9::text[], $10::timestamptz[], $11::timestamptz[])
        AS u(workflow_id, workflow, status, principal, current_step, awaiting, seq, record,
             traceparent, created_at, updated_at)
- WHERE NOT EXISTS (SELECT 1 FROM workflows w WHERE w.workflow_id = u.workflow_id AND w.pruned_at IS NOT NULL)
+  JOIN workflows w ON w.workflow_id = u.workflow_id AND w.pruned_at IS NULL
+   FOR KEY SHARE OF w
 ON CONFLICT (workflow_id) DO UPDATE SET
     workflow     = EXCLUDED.workflow,
     status       = EXCLUDED.status,

@@ -277,7 +277,10 @@ func (d *Driver) publishLoop(ctx context.Context) {
 // holds are skipped, and so are the runs backing off ($2). Only the runs'
 // rows are locked; a row that changed between the statement's snapshot and
 // its lock is checked again against the join, so a run that moved on to
-// another operation drops out.
+// another operation drops out. FOR NO KEY UPDATE is enough to keep two
+// drivers and the journal's writes apart, and lets the projector's FOR KEY
+// SHARE on the same rows through (projector/workflow_state.go); only the
+// prune's FOR UPDATE conflicts with that one.
 const lockDueSQL = `
 SELECT w.workflow_id, w.record, o.record, o.pruned_at IS NOT NULL,
        (SELECT e.traceparent FROM workflow_events e WHERE e.workflow_id = w.workflow_id AND e.seq = 1)
@@ -288,7 +291,7 @@ SELECT w.workflow_id, w.record, o.record, o.pruned_at IS NOT NULL,
    AND w.workflow_id <> ALL($2::text[])
  ORDER BY w.updated_at
  LIMIT $1
-   FOR UPDATE OF w SKIP LOCKED`
+   FOR NO KEY UPDATE OF w SKIP LOCKED`
 
 // due is a run a round locked.
 type due struct {

@@ -47,12 +47,13 @@ type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// load reads the head of a run; forUpdate locks it for the transaction.
+// load reads the head of a run; forUpdate locks it for the transaction,
+// FOR NO KEY UPDATE as the driver does (see lockDueSQL).
 // A pruned run's head is its tombstone: a *PrunedError.
 func load(ctx context.Context, q querier, id string, forUpdate bool) (events.Workflow, error) {
 	sql := `SELECT record, pruned_at IS NOT NULL FROM workflows WHERE workflow_id = $1`
 	if forUpdate {
-		sql += ` FOR UPDATE`
+		sql += ` FOR NO KEY UPDATE`
 	}
 	var raw []byte
 	var pruned bool
