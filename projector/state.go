@@ -32,12 +32,21 @@ const loadRowsSQL = `SELECT record FROM operation_state WHERE operation_key = AN
 // writes the same row, and a writer that lost a race (a replica that still
 // held a partition during a rebalance, a projector folding onto a cached
 // record that Rebuild has since moved on) cannot move a row backwards.
-// The NOT EXISTS keeps a pruned operation pruned: its events may still be on
+// The WHERE keeps a pruned operation pruned: its events may still be on
 // the outcomes topic after its tool's dedup window (a replay from offset 0,
 // a group reset), and without the guard they would bring back its row, which
 // nothing would ever prune again. The row it skips counts as not written,
 // like a stale one; the events after it find neither a row nor a journal to
 // fill the gap from, and are rejected (acked).
+//
+// The guard is a scalar subquery, one probe of the operations primary key
+// per row, and not a NOT EXISTS: the planner turns a NOT EXISTS into an
+// anti-join, and the generic plan of a statement prepared while operations
+// was small (a fresh database; every connection prepares it again) hashed
+// the whole table on every flush, for as long as the connection lived. On a
+// fresh database growing at 500/s that made this statement 5× slower
+// (docs/benchmarks.md, "The anti-join"); a scalar subquery is never
+// flattened into a join.
 const upsertSQL = `
 INSERT INTO operation_state (
     operation_key, tool, effect_class, payload_hash, principal, status, phase, attempt,
@@ -52,7 +61,7 @@ SELECT u.operation_key, u.tool, u.effect_class, u.payload_hash, u.principal, u.s
        AS u(operation_key, tool, effect_class, payload_hash, principal, status, phase, attempt,
             lease_until, result, downstream_id, undo_ref, last_error_class, compensations, evidence,
             escalation, last_seq, record, created_at, updated_at)
- WHERE NOT EXISTS (SELECT 1 FROM operations o WHERE o.operation_key = u.operation_key AND o.pruned_at IS NOT NULL)
+ WHERE (SELECT o.pruned_at FROM operations o WHERE o.operation_key = u.operation_key) IS NULL
 ON CONFLICT (operation_key) DO UPDATE SET
     tool             = EXCLUDED.tool,
     effect_class     = EXCLUDED.effect_class,

@@ -158,6 +158,9 @@ func (s workflowStream) journal(ctx context.Context, id string, afterSeq int64) 
 // FOR NO KEY UPDATE), so either the prune skips the run this round or the
 // upsert waits for the prune and, reading the head row again under its
 // lock (READ COMMITTED's recheck), finds it pruned and writes nothing.
+// LIMIT 1 keeps the LATERAL a probe of the primary key per row: flattened
+// into a join, a generic plan made while workflows was small hashes the
+// whole table (see upsertSQL).
 const upsertWorkflowsSQL = `
 INSERT INTO workflow_state (workflow_id, workflow, status, principal, current_step, awaiting, seq, record,
                             traceparent, created_at, updated_at, projected_at)
@@ -167,8 +170,10 @@ SELECT u.workflow_id, u.workflow, u.status, u.principal, u.current_step, u.await
               $9::text[], $10::timestamptz[], $11::timestamptz[])
        AS u(workflow_id, workflow, status, principal, current_step, awaiting, seq, record,
             traceparent, created_at, updated_at)
-  JOIN workflows w ON w.workflow_id = u.workflow_id AND w.pruned_at IS NULL
-   FOR KEY SHARE OF w
+  CROSS JOIN LATERAL (
+       SELECT 1 FROM workflows w WHERE w.workflow_id = u.workflow_id AND w.pruned_at IS NULL
+        LIMIT 1
+          FOR KEY SHARE) w
 ON CONFLICT (workflow_id) DO UPDATE SET
     workflow     = EXCLUDED.workflow,
     status       = EXCLUDED.status,

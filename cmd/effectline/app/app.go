@@ -60,6 +60,7 @@ type App struct {
 	crashPoint func(string)
 
 	comps  []Component
+	relays []*outbox.Relay
 	apiSrv *api.Server
 	// Waits wakes the API's waiting requests; it runs beside the API.
 	Waits  *watch.Hub
@@ -250,6 +251,21 @@ func (a *App) Close(ctx context.Context) {
 	}
 }
 
+// RelayStats sums the counters of the outbox relays this process runs:
+// the soak prints them per window, so a stall of the pipeline can be told
+// from a relay that failed to publish.
+func (a *App) RelayStats() outbox.RelayStats {
+	var sum outbox.RelayStats
+	for _, r := range a.relays {
+		st := r.Stats()
+		sum.Published += st.Published
+		sum.Skipped += st.Skipped
+		sum.Batches += st.Batches
+		sum.Errors += st.Errors
+	}
+	return sum
+}
+
 // Component is one long-running part with the Run(ctx) shape.
 type Component struct {
 	name string
@@ -273,6 +289,7 @@ func (a *App) build(names []string) ([]Component, error) {
 			}
 			relay := outbox.NewRelay(a.Store, producer, outbox.RelayConfig{Base: base,
 				IntentsTopic: a.Kafka.Topic(events.TopicIntents), RedactArgs: a.redactArgs})
+			a.relays = append(a.relays, relay)
 			out = append(out, Component{name, func(ctx context.Context) error {
 				defer producer.Close()
 				return relay.Run(ctx)

@@ -220,6 +220,9 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 	if wlat.n > 0 {
 		fmt.Fprintf(stdout, "journaled (write side): p50=%.1fms p99=%.1fms\n", ms(wlat.quantile(0.50)), ms(wlat.quantile(0.99)))
 	}
+	if err := printStages(ctx, a.Store, benchKeyPrefix, stdout); err != nil {
+		return fmt.Errorf("bench: reading the journal's stage times: %w", err)
+	}
 	var afterAll int64
 	_ = a.Pool.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&afterAll)
 	syncCommits := a.Store.SyncCommits() - before + agentCommits.Load()
@@ -272,7 +275,10 @@ func (bc Config) effectiveBatch() int {
 	return bc.Batch
 }
 
-func benchKey(i int) string  { return fmt.Sprintf("bench/op-%07d", i) }
+// benchKeyPrefix begins every measured operation's key.
+const benchKeyPrefix = "bench/op-"
+
+func benchKey(i int) string  { return fmt.Sprintf(benchKeyPrefix+"%07d", i) }
 func warmupKey(i int) string { return fmt.Sprintf("bench/warmup-%07d", i) }
 
 // runUntilDone submits bc.N intents named by tr's keys and waits until

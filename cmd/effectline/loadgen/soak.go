@@ -483,6 +483,7 @@ func (bc Config) soak(ctx, runCtx context.Context, a *app.App, sink *benchTool, 
 	var all histogram
 	var maxRSS int64
 	windows := 0
+	lastRelay := a.RelayStats()
 	printWindow := func(now time.Time) {
 		done, h, total, pending, lost := f.window(now)
 		all.merge(&h)
@@ -509,6 +510,12 @@ func (bc Config) soak(ctx, runCtx context.Context, a *app.App, sink *benchTool, 
 		}
 		fmt.Fprintf(&b, " tables=%.1fMB total=%d submitted=%d held=%d duplicates=%d lost=%d pending=%d",
 			mb(sum), total, f.submitted.Load(), f.held.Load(), sink.duplicates()-warmupDups, lost, pending)
+		// A relay that fails to publish (a Kafka send timing out) stalls
+		// every operation behind it; its failed batches say so.
+		rs := a.RelayStats()
+		fmt.Fprintf(&b, " relay_published=%d relay_batches=%d relay_errors=%d",
+			rs.Published-lastRelay.Published, rs.Batches-lastRelay.Batches, rs.Errors-lastRelay.Errors)
+		lastRelay = rs
 		fmt.Fprintln(stdout, b.String())
 	}
 
