@@ -148,6 +148,8 @@ type Relay struct {
 	skipped   atomic.Int64
 	batches   atomic.Int64
 	errors    atomic.Int64
+	batchTime atomic.Int64 // nanoseconds
+	sendTime  atomic.Int64 // nanoseconds
 }
 
 // RelayStats are a relay's counters since it was made.
@@ -160,6 +162,10 @@ type RelayStats struct {
 	Batches int64
 	// Errors counts failed batches (each retry of a streak counts).
 	Errors int64
+	// BatchTime is the time spent in batches, claim to commit, and
+	// SendTime the part of it spent waiting for Kafka: the difference is
+	// PostgreSQL's share, so a slow relay says which side slowed it.
+	BatchTime, SendTime time.Duration
 }
 
 // NewRelay returns a relay over st publishing with pub. It panics on a nil
@@ -204,6 +210,8 @@ func (r *Relay) Stats() RelayStats {
 		Skipped:   r.skipped.Load(),
 		Batches:   r.batches.Load(),
 		Errors:    r.errors.Load(),
+		BatchTime: time.Duration(r.batchTime.Load()),
+		SendTime:  time.Duration(r.sendTime.Load()),
 	}
 }
 
@@ -277,9 +285,11 @@ func (s *errStreak) fail() {
 func (r *Relay) runOnce(ctx context.Context) (int, error) {
 	total := 0
 	for {
+		began := time.Now()
 		published, skipped, err := r.store.RelayBatch(ctx, r.cfg.BatchSize, func(evs []store.OutboxEvent) error {
 			return r.publish(ctx, evs)
 		})
+		r.batchTime.Add(int64(time.Since(began)))
 		r.skipped.Add(int64(skipped))
 		if err != nil {
 			return total, err
@@ -337,7 +347,9 @@ func (r *Relay) publish(ctx context.Context, evs []store.OutboxEvent) error {
 		// propagator writes it (traceparent, tracestate, baggage).
 		records[i] = kafka.EventRecord(sctx, e.Topic, env, raw)
 	}
+	sent := time.Now()
 	err := r.pub.Send(ctx, records)
+	r.sendTime.Add(int64(time.Since(sent)))
 	for _, s := range spans {
 		if err != nil {
 			s.RecordError(err)

@@ -45,8 +45,16 @@ const loadRowsSQL = `SELECT record FROM operation_state WHERE operation_key = AN
 // was small (a fresh database; every connection prepares it again) hashed
 // the whole table on every flush, for as long as the connection lived. On a
 // fresh database growing at 500/s that made this statement 5× slower
-// (docs/benchmarks.md, "The anti-join"); a scalar subquery is never
-// flattened into a join.
+// (docs/benchmarks.md, "Session 8"); a scalar subquery is never flattened
+// into a join.
+//
+// Unlike the workflow upsert (workflow_state.go), this one locks no head
+// row, so a write whose snapshot predates a prune's commit can still bring
+// that one operation's row back. Only a replay can race that way: the live
+// projector writes an operation seconds after its events, and the prune
+// waits a whole dedup window after it settled. A FOR KEY SHARE here would
+// be a heap write (and, beside the executor's update, a multixact) per
+// projected row of the busiest table, for a window of one statement.
 const upsertSQL = `
 INSERT INTO operation_state (
     operation_key, tool, effect_class, payload_hash, principal, status, phase, attempt,

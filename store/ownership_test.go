@@ -34,7 +34,7 @@ var joinedReads = map[string]map[string]string{
 	// The projector's upsert skips operations pruned to tombstones in the
 	// same statement; checked apart, a prune between the check and the
 	// upsert would bring a pruned row back.
-	"projector/state.go": {"operations": "NOT EXISTS guard against pruned operations"},
+	"projector/state.go": {"operations": "per-row guard against pruned operations"},
 	// Pruning turns head rows into tombstones and drops their read-model
 	// rows in one statement, so no list ever shows an operation whose
 	// events are gone.
@@ -43,9 +43,10 @@ var joinedReads = map[string]map[string]string{
 	// the check and the prune and be stranded on a tombstone.
 	"store/prune.go": {"operation_state": "deleted with the tombstoning", "workflows": "NOT EXISTS guard for awaited step operations"},
 	// The same two guards for runs: the projector's upsert skips runs
-	// pruned to tombstones, and pruning a run drops its read-model row in
-	// the statement that tombstones it.
-	"projector/workflow_state.go": {"workflows": "NOT EXISTS guard against pruned runs"},
+	// pruned to tombstones (and locks their head rows FOR KEY SHARE, so a
+	// prune cannot commit between its check and its write), and pruning a
+	// run drops its read-model row in the statement that tombstones it.
+	"projector/workflow_state.go": {"workflows": "FOR KEY SHARE guard against pruned runs"},
 	"workflow/prune.go":           {"workflow_state": "deleted with the tombstoning"},
 	// The workflow driver finds the workflows whose awaited step settled
 	// with one join over every waiting workflow, not one load per workflow.

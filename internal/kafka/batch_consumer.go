@@ -200,7 +200,15 @@ func (b *BatchConsumer) Run(ctx context.Context) error {
 
 type batchGroupHandler struct{ b *BatchConsumer }
 
-func (h *batchGroupHandler) Setup(sarama.ConsumerGroupSession) error   { return nil }
+// Setup logs each session the group hands this member: a rebalance stops
+// consumption of every partition of the group until it ends, so a gap in
+// an operation's latency lines up with these lines.
+func (h *batchGroupHandler) Setup(sess sarama.ConsumerGroupSession) error {
+	h.b.log.InfoContext(sess.Context(), "consumer group session started", "group", h.b.cc.Group,
+		"generation", sess.GenerationID(), "partitions", len(sess.Claims()[h.b.cc.Topic]))
+	return nil
+}
+
 func (h *batchGroupHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
 
 func (h *batchGroupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {

@@ -262,6 +262,8 @@ func (a *App) RelayStats() outbox.RelayStats {
 		sum.Skipped += st.Skipped
 		sum.Batches += st.Batches
 		sum.Errors += st.Errors
+		sum.BatchTime += st.BatchTime
+		sum.SendTime += st.SendTime
 	}
 	return sum
 }

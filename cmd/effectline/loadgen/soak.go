@@ -511,10 +511,13 @@ func (bc Config) soak(ctx, runCtx context.Context, a *app.App, sink *benchTool, 
 		fmt.Fprintf(&b, " tables=%.1fMB total=%d submitted=%d held=%d duplicates=%d lost=%d pending=%d",
 			mb(sum), total, f.submitted.Load(), f.held.Load(), sink.duplicates()-warmupDups, lost, pending)
 		// A relay that fails to publish (a Kafka send timing out) stalls
-		// every operation behind it; its failed batches say so.
+		// every operation behind it; its failed batches say so, and its
+		// busy share of the window (relay_kafka of it waiting for Kafka,
+		// the rest in PostgreSQL) says which side slowed a slow one.
 		rs := a.RelayStats()
-		fmt.Fprintf(&b, " relay_published=%d relay_batches=%d relay_errors=%d",
-			rs.Published-lastRelay.Published, rs.Batches-lastRelay.Batches, rs.Errors-lastRelay.Errors)
+		fmt.Fprintf(&b, " relay_published=%d relay_batches=%d relay_errors=%d relay_busy=%.0f%% relay_kafka=%.0f%%",
+			rs.Published-lastRelay.Published, rs.Batches-lastRelay.Batches, rs.Errors-lastRelay.Errors,
+			100*(rs.BatchTime-lastRelay.BatchTime).Seconds()/span.Seconds(), 100*(rs.SendTime-lastRelay.SendTime).Seconds()/span.Seconds())
 		lastRelay = rs
 		fmt.Fprintln(stdout, b.String())
 	}
