@@ -65,7 +65,8 @@ func TestBenchSoak(t *testing.T) {
 	window := regexp.MustCompile(`^soak: t=(\d+)s completed=(\d+) throughput=\d+/s p50=[\d.]+ms p99=[\d.]+ms rss=(\d+)MB heap=\d+MB` +
 		` operations=[\d.]+MB,idx=[\d.]+MB,live=\d+,dead=\d+ events=[\d.]+MB,idx=[\d.]+MB,live=\d+,dead=\d+` +
 		` outbox=[\d.]+MB,idx=[\d.]+MB,live=\d+,dead=\d+ operation_state=([\d.]+)MB,idx=[\d.]+MB,live=(\d+),dead=\d+` +
-		` tables=[\d.]+MB total=(\d+) submitted=\d+ held=\d+ duplicates=(\d+) lost=(\d+) pending=\d+$`)
+		` tables=[\d.]+MB total=(\d+) submitted=\d+ held=\d+ duplicates=(\d+) lost=(\d+) pending=\d+` +
+		` relay_published=\d+ relay_batches=\d+ relay_errors=\d+ relay_busy=\d+% relay_kafka=\d+%$`)
 	last := regexp.MustCompile(`^soak: ops=(\d+) throughput=[\d.]+/s p50=[\d.]+ms p99=[\d.]+ms duplicates=(\d+) lost=(\d+)$`)
 	p := start(t, "bench", map[string]string{envDatabaseURL: testenv.DatabaseURL()}, "bench",
 		"-duration", "5s", "-window", "1s", "-rate", "40", "-warmup", "10", "-retention", "1s", "-tombstone-retention", "1s")
