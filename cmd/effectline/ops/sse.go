@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/effectline/effectline/service"
 )
 
 // sseIdle is how long a stream may stay silent before it is taken for
@@ -123,7 +125,7 @@ func (s *sseStream) backoff(ctx context.Context) bool {
 	}
 	d := min(sseBackoff<<s.drops, sseBackoffMax)
 	s.drops++
-	return sleep(ctx, d)
+	return service.Sleep(ctx, d)
 }
 
 func (s *sseStream) open(ctx context.Context, after int64) error {

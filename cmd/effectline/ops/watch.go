@@ -3,6 +3,8 @@ package ops
 import (
 	"context"
 	"time"
+
+	"github.com/effectline/effectline/service"
 )
 
 // eventStream yields an operation's events in seq order. sseStream reads
@@ -53,22 +55,10 @@ func (p *pollStream) next(ctx context.Context, after int64) ([]Event, Operation,
 			p.delay = pollMin
 			return fresh, op, nil
 		}
-		if !sleep(ctx, p.delay) {
+		if !service.Sleep(ctx, p.delay) {
 			return nil, Operation{}, ctx.Err()
 		}
 		p.delay = min(2*p.delay, pollMax)
-	}
-}
-
-// sleep waits d or until ctx is done, reporting whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 
