@@ -275,19 +275,36 @@ func (d *Driver) publishLoop(ctx context.Context) {
 // a transition needs: the run's head, the operation's head and the run's
 // trace context (journaled with its first event). Runs another driver
 // holds are skipped, and so are the runs backing off ($2). Only the runs'
-// rows are locked; a row that changed between the statement's snapshot and
-// its lock is checked again against the join, so a run that moved on to
-// another operation drops out. FOR NO KEY UPDATE is enough to keep two
-// drivers and the journal's writes apart, and lets the projector's FOR KEY
-// SHARE on the same rows through (projector/workflow_state.go); only the
-// prune's FOR UPDATE conflicts with that one.
+// rows are locked. FOR NO KEY UPDATE is enough to keep two drivers and the
+// journal's writes apart, and lets the projector's FOR KEY SHARE on the
+// same rows through (projector/workflow_state.go); only the prune's FOR
+// UPDATE conflicts with that one.
+//
+// Each run reads its awaited operation by primary key: LIMIT 1 keeps the
+// LATERAL from being flattened into a join. As a join, the generic plan of
+// a statement prepared on a fresh database (kept until statistics change,
+// for good where autovacuum is off) was a nested loop over a materialized
+// sequential scan of every settled operation, once per waiting run: rounds
+// of hundreds of milliseconds, spilling to disk, that held the driver to a
+// fraction of the pipeline's rate (docs/benchmarks.md, session 9).
+//
+// The outer o.operation_key = w.awaiting is not redundant: a row that
+// changed between the statement's snapshot and its lock is checked again
+// against the quals outside the LATERAL only (the subquery's row is
+// carried over as it was read, and LIMIT keeps the qual from being pushed
+// into it), so this is what makes a run that moved on to another operation
+// drop out.
 const lockDueSQL = `
 SELECT w.workflow_id, w.record, o.record, o.pruned_at IS NOT NULL,
        (SELECT e.traceparent FROM workflow_events e WHERE e.workflow_id = w.workflow_id AND e.seq = 1)
   FROM workflows w
-  JOIN operations o ON o.operation_key = w.awaiting
+ CROSS JOIN LATERAL (
+       SELECT o.operation_key, o.record, o.pruned_at FROM operations o
+        WHERE o.operation_key = w.awaiting
+          AND o.status IN ('completed', 'failed', 'compensated')
+        LIMIT 1) o
  WHERE w.awaiting IS NOT NULL
-   AND o.status IN ('completed', 'failed', 'compensated')
+   AND o.operation_key = w.awaiting
    AND w.workflow_id <> ALL($2::text[])
  ORDER BY w.updated_at
  LIMIT $1
