@@ -48,10 +48,11 @@ type OutboxEvent struct {
 // deleted since autovacuum's last pass.
 //
 // The guard is one probe per claimed row and partition on the
-// (operation_key, topic, seq) index, so it sees seq n in the old partition
-// while it decides on seq n+1 in the new one: is there a lower seq of the same pair still in the outbox that this
-// claim does not hold? It reads the statement's snapshot without locking, so
-// rows held by another relay and rows beyond the LIMIT count as "not ours".
+// (operation_key, topic, seq) index: is there a lower seq of the same pair
+// still in the outbox, in any partition, that this claim does not hold? So
+// seq n waiting in the old partition holds back seq n+1 in the new one. It
+// reads the statement's snapshot without locking, so rows held by another
+// relay and rows beyond the LIMIT count as "not ours".
 const claimOutboxSQL = `
 WITH claim AS MATERIALIZED (
     SELECT o.id, o.operation_key, o.seq, o.topic
