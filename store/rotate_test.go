@@ -34,7 +34,13 @@ func rotateSetup(t *testing.T, maxConns int) *store.Store {
 	if strings.Contains(url, "?") {
 		sep = "&"
 	}
-	return store.New(testenv.NewPool(t, fmt.Sprintf("%s%spool_max_conns=%d", url, sep, maxConns)))
+	s := store.New(testenv.NewPool(t, fmt.Sprintf("%s%spool_max_conns=%d", url, sep, maxConns)))
+	// The database is a copy of a template migrated perhaps hours ago: the
+	// current slot's period starts now, as on a database just migrated.
+	if _, err := s.Pool().Exec(t.Context(), `UPDATE outbox_slot SET rotated_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 func rotate(t *testing.T, s *store.Store, opts store.RotateOptions) store.OutboxRotation {
@@ -223,11 +229,16 @@ func TestOutboxTruncateOfAnAbandonedWriter(t *testing.T) {
 		t.Fatal(err)
 	}
 	rotate(t, s, rotateNow)
+	rolledBack := make(chan error, 1)
 	go func() {
 		time.Sleep(200 * time.Millisecond)
-		_ = writer.Rollback(ctx)
+		rolledBack <- writer.Rollback(ctx)
 	}()
-	if res := rotate(t, s, store.RotateOptions{Every: time.Hour, LockTimeout: 10 * time.Second}); res.Truncated != 1 {
+	res := rotate(t, s, store.RotateOptions{Every: time.Hour, LockTimeout: 10 * time.Second})
+	if err := <-rolledBack; err != nil {
+		t.Fatal(err)
+	}
+	if res.Truncated != 1 {
 		t.Fatalf("truncate after the writer rolled back = %+v; want slot 0 truncated", res)
 	}
 	if got, _, _ := outboxDrain(t, s, 10); len(got) != 0 {
