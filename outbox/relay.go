@@ -64,6 +64,16 @@ type RelayConfig struct {
 	// tool (tool.Scrub with the tool's spec). Default: redaction by field
 	// names only, which misses what only a tool's schema marks sensitive.
 	RedactArgs func(tool string, args json.RawMessage) json.RawMessage
+
+	// RotateEvery is how long one outbox partition stays the one writers
+	// fill before the relay moves them on to the next
+	// (store.RotateOutbox); between batches, every RotateEvery/10, the
+	// relay also truncates the partitions it has drained, which is how the
+	// outbox gives its space back. Several relays on one database take
+	// turns (an advisory lock). Default 5s; negative leaves rotation to
+	// other relays (a relay that never rotates still publishes every
+	// partition).
+	RotateEvery time.Duration
 }
 
 // Defaults of RelayConfig.
@@ -71,6 +81,11 @@ const (
 	DefaultBatchSize    = 500
 	DefaultPollInterval = 100 * time.Millisecond
 	DefaultMaxBackoff   = 5 * time.Second
+	// DefaultRotateEvery keeps a partition at about 10k rows at 2,000 rows
+	// a second (500 operations/s): the dead index entries the claim can
+	// walk over between truncates, against ~100k in the unpartitioned
+	// outbox between autovacuum passes.
+	DefaultRotateEvery = 5 * time.Second
 )
 
 // baseBackoff is the first wait after a failure; it doubles per failure up
@@ -87,6 +102,9 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 	}
 	if c.MaxBackoff <= 0 {
 		c.MaxBackoff = DefaultMaxBackoff
+	}
+	if c.RotateEvery == 0 {
+		c.RotateEvery = DefaultRotateEvery
 	}
 	c.Base = c.Base.WithDefaults()
 	if c.IntentsTopic == "" {
@@ -150,6 +168,14 @@ type Relay struct {
 	errors    atomic.Int64
 	batchTime atomic.Int64 // nanoseconds
 	sendTime  atomic.Int64 // nanoseconds
+
+	// The rotator's state and counters; lastRotate and rotateFailing are
+	// the loop goroutine's alone.
+	lastRotate    time.Time
+	rotateFailing bool
+	rotations     atomic.Int64
+	truncates     atomic.Int64
+	truncateBusy  atomic.Int64
 }
 
 // RelayStats are a relay's counters since it was made.
@@ -166,6 +192,11 @@ type RelayStats struct {
 	// SendTime the part of it spent waiting for Kafka: the difference is
 	// PostgreSQL's share, so a slow relay says which side slowed it.
 	BatchTime, SendTime time.Duration
+	// Rotations counts the times this relay moved the outbox's current
+	// partition on, Truncates the partitions it truncated, and
+	// TruncateBusy the truncates that gave up waiting for a partition's
+	// lock (tried again later).
+	Rotations, Truncates, TruncateBusy int64
 }
 
 // NewRelay returns a relay over st publishing with pub. It panics on a nil
@@ -212,6 +243,10 @@ func (r *Relay) Stats() RelayStats {
 		Errors:    r.errors.Load(),
 		BatchTime: time.Duration(r.batchTime.Load()),
 		SendTime:  time.Duration(r.sendTime.Load()),
+
+		Rotations:    r.rotations.Load(),
+		Truncates:    r.truncates.Load(),
+		TruncateBusy: r.truncateBusy.Load(),
 	}
 }
 
@@ -285,6 +320,9 @@ func (s *errStreak) fail() {
 func (r *Relay) runOnce(ctx context.Context) (int, error) {
 	total := 0
 	for {
+		// Checked per batch, not per run: a relay that is behind drains in
+		// one long run, and the partitions must go on rotating meanwhile.
+		r.maybeRotate(ctx)
 		began := time.Now()
 		published, skipped, err := r.store.RelayBatch(ctx, r.cfg.BatchSize, func(evs []store.OutboxEvent) error {
 			return r.publish(ctx, evs)
@@ -306,6 +344,43 @@ func (r *Relay) runOnce(ctx context.Context) (int, error) {
 		if published == 0 || published+skipped < r.cfg.BatchSize || ctx.Err() != nil {
 			return total, nil
 		}
+	}
+}
+
+// maybeRotate runs store.RotateOutbox when RotateEvery/10 has passed since
+// the last time. Its errors do not stop publishing: a rotation that fails
+// leaves the rows where they are, all of them still published, and the
+// outbox only grows until a later one succeeds. They are logged once per
+// streak.
+func (r *Relay) maybeRotate(ctx context.Context) {
+	if r.cfg.RotateEvery < 0 {
+		return
+	}
+	now := r.cfg.Now()
+	if !r.lastRotate.IsZero() && now.Sub(r.lastRotate) < r.cfg.RotateEvery/10 {
+		return
+	}
+	r.lastRotate = now
+	res, err := r.store.RotateOutbox(ctx, store.RotateOptions{Every: r.cfg.RotateEvery})
+	r.truncates.Add(int64(res.Truncated))
+	r.truncateBusy.Add(int64(res.Busy))
+	if res.Rotated {
+		r.rotations.Add(1)
+	}
+	if err != nil {
+		if !r.rotateFailing && ctx.Err() == nil {
+			r.log.WarnContext(ctx, "outbox relay: rotating the outbox partitions failed; publishing goes on", "error", err)
+		}
+		r.rotateFailing = true
+		return
+	}
+	if r.rotateFailing {
+		r.log.InfoContext(ctx, "outbox relay: rotating the outbox partitions again")
+		r.rotateFailing = false
+	}
+	if res.Rotated || res.Truncated > 0 {
+		r.log.DebugContext(ctx, "outbox relay: rotated the outbox", "slot", res.Slot, "rotated", res.Rotated,
+			"truncated", res.Truncated, "busy", res.Busy, "undrained", res.Undrained)
 	}
 }
 

@@ -368,3 +368,66 @@ func TestRelayBacksOff(t *testing.T) {
 		t.Errorf("stats %+v after %d failed calls", st, calls)
 	}
 }
+
+// TestRelaysRotateTheOutbox runs two relays that rotate the outbox's
+// partitions every 50ms while four writers append: every event reaches
+// Kafka in order per key, the partitions were rotated and truncated while
+// rows were in flight, and once drained the outbox is back to empty tables'
+// size.
+func TestRelaysRotateTheOutbox(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	keys := opKeys("rot", 800)
+
+	var relays []*outbox.Relay
+	for i := range 2 {
+		pool := h.poolNamed(t, fmt.Sprintf("rot-relay-%d", i))
+		r := outbox.NewRelay(store.New(pool), h.producer(t), outbox.RelayConfig{BatchSize: 100, RotateEvery: 50 * time.Millisecond,
+			Base: service.Base{Logger: newTestLogger(t).logs}})
+		relays = append(relays, r)
+		runRelay(t, r)
+	}
+	var wg sync.WaitGroup
+	const appenders = 4
+	for i := range appenders {
+		wg.Go(func() {
+			var mine []string
+			for j := i; j < len(keys); j += appenders {
+				mine = append(mine, keys[j])
+			}
+			appendWorkload(t, h.store, mine, 20)
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	want := len(keys) * eventsPerOp
+	recs := consume(t, h.broker.Addrs, "effectline.outcomes", 120*time.Second, func(rs []*kgo.Record) bool {
+		return len(rs) >= want && distinct(t, rs) == want
+	})
+	dups := checkStreams(t, recs, wantAll(keys, eventsPerOp))
+	intents := consume(t, h.broker.Addrs, "effectline.intents", 30*time.Second, func(rs []*kgo.Record) bool {
+		return len(rs) >= len(keys) && distinct(t, rs) == len(keys)
+	})
+	checkStreams(t, intents, wantAll(keys, 1))
+
+	// The relays go on rotating once idle: every partition but the current
+	// one is truncated soon after the drain.
+	var size int64
+	eventual(t, 10*time.Second, "the drained outbox to be truncated", func() bool {
+		err := h.pool.QueryRow(context.Background(), `SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('outbox')`).Scan(&size)
+		return err == nil && size <= 3*24576+2*(64<<10)
+	})
+	var rotations, truncates int64
+	for _, r := range relays {
+		s := r.Stats()
+		rotations += s.Rotations
+		truncates += s.Truncates
+	}
+	if rotations < 3 || truncates < 3 {
+		t.Errorf("%d rotations and %d truncates: the partitions did not rotate under the load", rotations, truncates)
+	}
+	t.Logf("%d outcome records, %d duplicates, %d rotations, %d truncates, outbox %d bytes after the drain", len(recs), dups, rotations, truncates, size)
+}

@@ -38,10 +38,21 @@ type OutboxEvent struct {
 // generic plan made while the tables were small, ran as a hash join over a
 // sequential scan of the whole journal.
 //
-// The guard is one probe per claimed row on the (operation_key, topic, seq)
-// index: is there a lower seq of the same pair still in the outbox that this
-// claim does not hold? It reads the statement's snapshot without locking, so
-// rows held by another relay and rows beyond the LIMIT count as "not ours".
+// The outbox is partitioned (migration 0009, store/rotate.go), so the claim
+// is a Merge Append of the partitions' (id, slot) indexes. ids grow with
+// time, so the oldest rows, in the partition drained after a rotation, go
+// first and that partition empties soon enough to be truncated; an index
+// scan of a truncated partition costs one page. What the claim walks over
+// is the dead entries of the partitions not yet truncated: about one
+// rotation period's rows, where the unpartitioned outbox walked everything
+// deleted since autovacuum's last pass.
+//
+// The guard is one probe per claimed row and partition on the
+// (operation_key, topic, seq) index: is there a lower seq of the same pair
+// still in the outbox, in any partition, that this claim does not hold? So
+// seq n waiting in the old partition holds back seq n+1 in the new one. It
+// reads the statement's snapshot without locking, so rows held by another
+// relay and rows beyond the LIMIT count as "not ours".
 const claimOutboxSQL = `
 WITH claim AS MATERIALIZED (
     SELECT o.id, o.operation_key, o.seq, o.topic

@@ -20,6 +20,7 @@ var tableOwners = map[string]string{
 	"operations":         "store",
 	"events":             "store",
 	"outbox":             "store",
+	"outbox_slot":        "store",
 	"operation_state":    "projector",
 	"webhook_deliveries": "reconciler",
 	"workflows":          "workflow",

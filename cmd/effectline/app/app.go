@@ -264,6 +264,9 @@ func (a *App) RelayStats() outbox.RelayStats {
 		sum.Errors += st.Errors
 		sum.BatchTime += st.BatchTime
 		sum.SendTime += st.SendTime
+		sum.Rotations += st.Rotations
+		sum.Truncates += st.Truncates
+		sum.TruncateBusy += st.TruncateBusy
 	}
 	return sum
 }

@@ -304,10 +304,16 @@ type soakSizes struct {
 	live, dead     int64
 }
 
-const soakSizesSQL = `SELECT c.relname, pg_total_relation_size(c.oid), pg_indexes_size(c.oid),
-       coalesce(s.n_live_tup, 0), coalesce(s.n_dead_tup, 0)
-  FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
- WHERE c.relname = ANY($1) AND c.relkind = 'r' AND pg_table_is_visible(c.oid)`
+// soakSizesSQL sums each table over its partitions (pg_partition_tree of a
+// plain table is the table alone): the outbox is partitioned (migration
+// 0009), and a partitioned table's own size is zero.
+const soakSizesSQL = `SELECT c.relname, sum(pg_total_relation_size(p.relid))::bigint, sum(pg_indexes_size(p.relid))::bigint,
+       sum(coalesce(s.n_live_tup, 0))::bigint, sum(coalesce(s.n_dead_tup, 0))::bigint
+  FROM pg_class c
+ CROSS JOIN LATERAL pg_partition_tree(c.oid) p
+  LEFT JOIN pg_stat_user_tables s ON s.relid = p.relid
+ WHERE c.relname = ANY($1) AND c.relkind IN ('r', 'p') AND NOT c.relispartition AND pg_table_is_visible(c.oid)
+ GROUP BY c.relname`
 
 func tableSizes(ctx context.Context, a *app.App) (map[string]soakSizes, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -518,6 +524,10 @@ func (bc Config) soak(ctx, runCtx context.Context, a *app.App, sink *benchTool, 
 		fmt.Fprintf(&b, " relay_published=%d relay_batches=%d relay_errors=%d relay_busy=%.0f%% relay_kafka=%.0f%%",
 			rs.Published-lastRelay.Published, rs.Batches-lastRelay.Batches, rs.Errors-lastRelay.Errors,
 			100*(rs.BatchTime-lastRelay.BatchTime).Seconds()/span.Seconds(), 100*(rs.SendTime-lastRelay.SendTime).Seconds()/span.Seconds())
+		// The outbox's partitions: rotations and truncates this window, and
+		// the truncates that gave up on a partition's lock.
+		fmt.Fprintf(&b, " outbox_rotations=%d outbox_truncates=%d outbox_truncate_busy=%d",
+			rs.Rotations-lastRelay.Rotations, rs.Truncates-lastRelay.Truncates, rs.TruncateBusy-lastRelay.TruncateBusy)
 		lastRelay = rs
 		fmt.Fprintln(stdout, b.String())
 	}
