@@ -218,7 +218,8 @@ func (r *Reconciler) expireLease(ctx context.Context, key string) (bool, error) 
 		case err != nil:
 			return false, fmt.Errorf("expiring the lease of %s: %w", key, err)
 		}
-		r.store.NotifyAppended()
+		// The waiters in this process learn of the expiry from the commit.
+		r.store.NotifyCommitted(a)
 		r.tel.leaseExpired(ctx, op)
 		r.log.WarnContext(spanCtx, "lease expired: the step's outcome is unknown", "operation_key", key,
 			"tool", op.Tool, "attempt", op.Attempt, "phase", op.Phase, "worker", op.LeaseOwner, "status", next.Status)

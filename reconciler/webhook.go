@@ -153,6 +153,8 @@ func (w *Webhooks) Handle(ctx context.Context, source string, headers http.Heade
 		// settled is the operation after an applied callback, for the
 		// end-to-end latency once the transaction has committed.
 		settled events.Operation
+		// journaled is the applied step, for the waiters in this process.
+		journaled store.Append
 	)
 	err := pgx.BeginFunc(ctx, w.store.Pool(), func(tx pgx.Tx) error {
 		res = events.WebhookResult{}
@@ -164,7 +166,7 @@ func (w *Webhooks) Handle(ctx context.Context, source string, headers http.Heade
 			res.Duplicate = true
 			return nil
 		}
-		res, err = w.apply(ctx, tx, source, t, id, body, now, &settled)
+		res, err = w.apply(ctx, tx, source, t, id, body, now, &settled, &journaled)
 		return err
 	})
 	endSpan(span, err)
@@ -176,7 +178,7 @@ func (w *Webhooks) Handle(ctx context.Context, source string, headers http.Heade
 	case res.Duplicate:
 		w.count(ctx, source, "duplicate")
 	case res.Applied:
-		w.store.NotifyAppended()
+		w.store.NotifyCommitted(journaled)
 		w.count(ctx, source, "applied")
 		metrics.RecordSettled(ctx, w.tel.e2e, settled)
 	default:
@@ -224,8 +226,9 @@ func verifySignature(secret string, h http.Header, body []byte, now time.Time) e
 }
 
 // apply is the business logic of one delivery, inside its transaction. An
-// applied callback leaves the record it produced in settled.
-func (w *Webhooks) apply(ctx context.Context, tx pgx.Tx, source string, t tool.Tool, id string, body []byte, now time.Time, settled *events.Operation) (events.WebhookResult, error) {
+// applied callback leaves the record it produced in settled and the step
+// it journaled in journaled.
+func (w *Webhooks) apply(ctx context.Context, tx pgx.Tx, source string, t tool.Tool, id string, body []byte, now time.Time, settled *events.Operation, journaled *store.Append) (events.WebhookResult, error) {
 	var cb callback
 	if err := json.Unmarshal(body, &cb); err != nil {
 		return events.WebhookResult{}, fmt.Errorf("%w: %v", events.ErrInvalidPayload, err)
@@ -312,11 +315,12 @@ func (w *Webhooks) apply(ctx context.Context, tx pgx.Tx, source string, t tool.T
 	evs, err := events.Following(op, now, specs...)
 	if err == nil {
 		var next events.Operation
-		next, err = store.AppendTx(ctx, tx, store.Append{
+		a := store.Append{
 			Base: op, Events: evs, Traceparent: traceparent.FromContext(opCtx), TopicPrefix: w.cfg.TopicPrefix,
-		})
+		}
+		next, err = store.AppendTx(ctx, tx, a)
 		res.Status = next.Status
-		*settled = next
+		*settled, *journaled = next, a
 	}
 	endSpan(span, err)
 	if err != nil {

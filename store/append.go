@@ -113,6 +113,9 @@ type prepared struct {
 	next events.Operation
 	key  string
 	base int64
+	// envs are the encoded events, as the statement writes them: what the
+	// OnCommit hooks receive once the step committed.
+	envs [][]byte
 }
 
 func prepare(a Append) (prepared, error) {
@@ -167,7 +170,7 @@ func prepare(a Append) (prepared, error) {
 		sql = appendAfterIntentSQL
 		args = append(args, a.IntentEventID)
 	}
-	return prepared{sql: sql, args: args, next: next, key: next.Key, base: a.Base.Seq}, nil
+	return prepared{sql: sql, args: args, next: next, key: next.Key, base: a.Base.Seq, envs: envs}, nil
 }
 
 func (p prepared) result(count int64) (events.Operation, error) {
@@ -180,10 +183,13 @@ func (p prepared) result(count int64) (events.Operation, error) {
 // Append writes one step in its own transaction and returns the new record.
 // A lost race returns a *ConflictError.
 func (s *Store) Append(ctx context.Context, a Append) (events.Operation, error) {
-	var op events.Operation
+	var (
+		op events.Operation
+		p  prepared
+	)
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var err error
-		op, err = AppendTx(ctx, tx, a)
+		op, p, err = appendTx(ctx, tx, a)
 		return err
 	})
 	if err != nil {
@@ -191,21 +197,29 @@ func (s *Store) Append(ctx context.Context, a Append) (events.Operation, error) 
 	}
 	s.commits.Add(1)
 	s.appended()
+	s.committed([]prepared{p}, []AppendResult{{Op: op}})
 	return op, nil
 }
 
 // AppendTx writes one step inside the caller's transaction: the step exists
-// if and only if the caller commits.
+// if and only if the caller commits. After committing, the caller calls
+// NotifyCommitted (or NotifyAppended) itself.
 func AppendTx(ctx context.Context, tx pgx.Tx, a Append) (events.Operation, error) {
+	op, _, err := appendTx(ctx, tx, a)
+	return op, err
+}
+
+func appendTx(ctx context.Context, tx pgx.Tx, a Append) (events.Operation, prepared, error) {
 	p, err := prepare(a)
 	if err != nil {
-		return events.Operation{}, err
+		return events.Operation{}, p, err
 	}
 	var count int64
 	if err := tx.QueryRow(ctx, p.sql, p.args...).Scan(&count); err != nil {
-		return events.Operation{}, fmt.Errorf("append to %s: %w", p.key, interpretError(err))
+		return events.Operation{}, p, fmt.Errorf("append to %s: %w", p.key, interpretError(err))
 	}
-	return p.result(count)
+	op, err := p.result(count)
+	return op, p, err
 }
 
 // AppendResult is the outcome of one append of a batch.
@@ -229,7 +243,7 @@ func (s *Store) appendBatchCommitted(ctx context.Context, as []Append) ([]Append
 	// One round trip: a pipelined batch ending in a single Sync runs as one
 	// implicit transaction, so the steps commit together or not at all,
 	// without the two extra round trips of BEGIN and COMMIT.
-	res, err := appendBatch(ctx, s.pool, as)
+	res, ps, err := appendBatch(ctx, s.pool, as)
 	if err != nil {
 		for i := range res {
 			if res[i].Err == nil {
@@ -245,6 +259,9 @@ func (s *Store) appendBatchCommitted(ctx context.Context, as []Append) ([]Append
 			break
 		}
 	}
+	// Before the appenders are answered: a writer's next step of the same
+	// operation then reaches the hooks after this one.
+	s.committed(ps, res)
 	return res, true
 }
 
@@ -254,14 +271,15 @@ func (s *Store) appendBatchCommitted(ctx context.Context, as []Append) ([]Append
 // whole is returned as err; the transaction is then aborted and the caller
 // must roll back.
 func AppendBatchTx(ctx context.Context, tx pgx.Tx, as []Append) ([]AppendResult, error) {
-	return appendBatch(ctx, tx, as)
+	res, _, err := appendBatch(ctx, tx, as)
+	return res, err
 }
 
 type batchSender interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-func appendBatch(ctx context.Context, q batchSender, as []Append) ([]AppendResult, error) {
+func appendBatch(ctx context.Context, q batchSender, as []Append) ([]AppendResult, []prepared, error) {
 	res := make([]AppendResult, len(as))
 	ps := make([]prepared, len(as))
 	var b pgx.Batch
@@ -275,7 +293,7 @@ func appendBatch(ctx context.Context, q batchSender, as []Append) ([]AppendResul
 		b.Queue(p.sql, p.args...)
 	}
 	if b.Len() == 0 {
-		return res, nil
+		return res, ps, nil
 	}
 	br := q.SendBatch(ctx, &b)
 	for i := range as {
@@ -285,14 +303,14 @@ func appendBatch(ctx context.Context, q batchSender, as []Append) ([]AppendResul
 		var count int64
 		if err := br.QueryRow().Scan(&count); err != nil {
 			_ = br.Close()
-			return clearDone(res, ps), fmt.Errorf("append to %s: %w", ps[i].key, interpretError(err))
+			return clearDone(res, ps), ps, fmt.Errorf("append to %s: %w", ps[i].key, interpretError(err))
 		}
 		res[i].Op, res[i].Err = ps[i].result(count)
 	}
 	if err := br.Close(); err != nil {
-		return clearDone(res, ps), fmt.Errorf("appending %d steps: %w", b.Len(), interpretError(err))
+		return clearDone(res, ps), ps, fmt.Errorf("appending %d steps: %w", b.Len(), interpretError(err))
 	}
-	return res, nil
+	return res, ps, nil
 }
 
 // clearDone forgets the results of the steps that were sent, when the batch

@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/effectline/effectline/events"
 )
 
 var (
@@ -60,7 +62,19 @@ type Store struct {
 
 	mu        sync.Mutex
 	listeners []func()
+	// hooks receive the committed events themselves (OnCommit). They are
+	// copied on write, so a commit reads them with one atomic load and no
+	// lock: the committer must not queue behind a registration.
+	hooks atomic.Pointer[[]CommitHook]
 }
+
+// CommitHook receives one event a commit journaled: its operation key and
+// its envelope, the bytes written to events.envelope (and relayed to
+// Kafka). It runs on the committing goroutine before the appenders learn of
+// their commit, so it must return at once (a map lookup for what it does
+// not want), must not block, and must neither modify nor retain envelope
+// beyond what it copies or decodes.
+type CommitHook func(key string, envelope []byte)
 
 // New returns a store on pool. The caller owns the pool.
 func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
@@ -81,9 +95,77 @@ func (s *Store) OnAppend(fn func()) {
 	s.mu.Unlock()
 }
 
+// OnCommit registers fn to receive every event journaled through this store,
+// after its commit succeeded and never for a step that conflicted or a
+// transaction that failed. Events of one operation arrive in seq order when
+// one process writes them, since a writer decides its next step from the
+// record its commit returned, which is after the hooks ran. Through it the
+// API's waiters learn of events appended in their own process without the
+// relay → Kafka → consumer hop (watch.Hub.Deliver). Register before the
+// store is used; registering later is safe but may miss commits in flight.
+func (s *Store) OnCommit(fn CommitHook) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.hooks.Load()
+	var hs []CommitHook
+	if old != nil {
+		hs = append(hs, *old...)
+	}
+	hs = append(hs, fn)
+	s.hooks.Store(&hs)
+}
+
 // NotifyAppended runs the OnAppend listeners. Callers that append with
-// AppendTx in a transaction of their own call it after their commit.
+// AppendTx in a transaction of their own call it after their commit; it
+// hands nothing to the OnCommit hooks (NotifyCommitted does), which is
+// enough for intents: a waiter reads the record after registering, and an
+// intent is the first event of its record.
 func (s *Store) NotifyAppended() { s.appended() }
+
+// NotifyCommitted is NotifyAppended that also hands the OnCommit hooks the
+// events of as, which the caller appended with AppendTx or AppendBatchTx in
+// a transaction it has committed; pass only steps that succeeded. The
+// events are encoded again for the hooks (and only when there are any):
+// events.Encode is deterministic, so the bytes are those journaled, and
+// these paths (lease expiry, webhooks) are rare beside the committer's.
+func (s *Store) NotifyCommitted(as ...Append) {
+	s.appended()
+	hs := s.hooks.Load()
+	if hs == nil {
+		return
+	}
+	for _, a := range as {
+		for _, e := range a.Events {
+			b, err := events.Encode(e)
+			if err != nil {
+				continue // it could not have been journaled either
+			}
+			for _, fn := range *hs {
+				fn(e.OperationKey, b)
+			}
+		}
+	}
+}
+
+// committed hands the events of the steps of ps that succeeded (res) to
+// the OnCommit hooks. ps holds the envelopes as prepare encoded and the
+// statement wrote them, so nothing is encoded or allocated here.
+func (s *Store) committed(ps []prepared, res []AppendResult) {
+	hs := s.hooks.Load()
+	if hs == nil {
+		return
+	}
+	for i := range ps {
+		if res[i].Err != nil || ps[i].sql == "" {
+			continue
+		}
+		for _, env := range ps[i].envs {
+			for _, fn := range *hs {
+				fn(ps[i].key, env)
+			}
+		}
+	}
+}
 
 func (s *Store) appended() {
 	s.mu.Lock()

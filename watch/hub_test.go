@@ -3,6 +3,7 @@ package watch_test
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -178,5 +179,66 @@ func TestStoppingReleasesEveryWaiter(t *testing.T) {
 	w := h.Watch(key)
 	if op := w.Until(context.Background(), head, settled); op.Seq != head.Seq {
 		t.Fatal("a late watch was not released")
+	}
+}
+
+// Two feeds (the store's commits in this process, the Kafka tail) deliver
+// the same events, in either order and late: each is folded once, nothing
+// is reloaded, and the record is the journal's.
+func TestRepeatsFromTwoFeedsFoldOnce(t *testing.T) {
+	j := &journal{}
+	h, _ := run(t, watch.Config{Loader: j, SweepInterval: time.Hour})
+	j.append(t, events.IntentRecorded, 0, events.IntentData{Args: json.RawMessage(`{"amount":1}`), Principal: "p"})
+	w := h.Watch(key)
+	defer w.Close()
+	head, _ := j.Load(context.Background(), key)
+	started := j.append(t, events.AttemptStarted, 1, events.AttemptStartedData{DownstreamKey: key, Worker: "w", LeaseUntil: time.Now().Add(time.Minute)})
+	succeeded := j.append(t, events.AttemptSucceeded, 1, events.AttemptSucceededData{StatusCode: 201, Result: json.RawMessage(`{"id":"ch_1"}`)})
+	h.Deliver(key, started)   // the commit
+	h.Deliver(key, started)   // Kafka
+	h.Deliver(key, succeeded) // the commit
+	h.Deliver(key, started)   // Kafka again, behind
+	h.Deliver(key, succeeded) // Kafka
+	op, applied, continuous, err := w.Advance(context.Background(), head)
+	if err != nil || !continuous {
+		t.Fatalf("Advance: %v, continuous %v", err, continuous)
+	}
+	if len(applied) != 2 || applied[0].Seq != 2 || applied[1].Seq != 3 {
+		t.Fatalf("applied %d events, want seq 2 and 3 once each", len(applied))
+	}
+	if op.Seq != 3 || op.Status != events.StatusCompleted || op.Attempt != 1 || string(op.Result) != `{"id":"ch_1"}` {
+		t.Fatalf("record after the repeats: seq %d %s attempt %d %s", op.Seq, op.Status, op.Attempt, op.Result)
+	}
+	if op.Seq != j.head.Seq || op.Status != j.head.Status {
+		t.Fatalf("record %d %s, the journal's %d %s", op.Seq, op.Status, j.head.Seq, j.head.Status)
+	}
+	// Kafka's copies arriving after the waiter folded them change nothing.
+	h.Deliver(key, started)
+	h.Deliver(key, succeeded)
+	again, applied, continuous, err := w.Advance(context.Background(), op)
+	if err != nil || !continuous || len(applied) != 0 || again.Seq != op.Seq {
+		t.Fatalf("late repeats: applied %d, seq %d, continuous %v, err %v", len(applied), again.Seq, continuous, err)
+	}
+	if n := j.loads.Load(); n != 1 {
+		t.Errorf("%d loads, want only the head read: a repeat reloaded", n)
+	}
+}
+
+// BenchmarkDeliverUnwatched is what the store's commit hook costs the
+// committer per event nobody waits for: a map lookup under the hub's lock,
+// no decoding, no allocation. A thousand other keys are watched.
+func BenchmarkDeliverUnwatched(b *testing.B) {
+	h, err := watch.New(watch.Config{Loader: &journal{}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range 1000 {
+		defer h.Watch("watched-" + strconv.Itoa(i)).Close()
+	}
+	env := []byte(`{"event_id":"x","type":"attempt.succeeded","operation_key":"unwatched","seq":3}`)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		h.Deliver("unwatched", env)
 	}
 }

@@ -63,9 +63,11 @@ type App struct {
 	relays []*outbox.Relay
 	apiSrv *api.Server
 	// Waits wakes the API's waiting requests; it runs beside the API.
-	Waits  *watch.Hub
-	health *http.Server
-	ln     net.Listener
+	Waits *watch.Hub
+	// waitsConfig, when set (by tests), adjusts the hub's configuration.
+	waitsConfig func(*watch.Config)
+	health      *http.Server
+	ln          net.Listener
 }
 
 // ConnectDatabase opens the pool, turning an unreachable server into an
@@ -127,6 +129,8 @@ type Options struct {
 	// APIDrain: see APIShutdownDelay. Zero under dev, which nothing
 	// balances traffic to, so Ctrl-C exits at once.
 	APIDrain time.Duration
+	// waits, when set (by this package's tests), adjusts the waiters' hub.
+	waits func(*watch.Config)
 }
 
 // APIShutdownDelay is how long `run` keeps the API serving after SIGTERM
@@ -171,7 +175,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
 	a := &App{Config: o.Config, Tel: tel, Log: tel.Logger(), open: o.Open, apiDrain: o.APIDrain,
-		crashPoint: crashPoint(o.Getenv)}
+		crashPoint: crashPoint(o.Getenv), waitsConfig: o.waits}
 	a.Pool, err = ConnectDatabase(ctx, o.Config.DatabaseURL)
 	if err != nil {
 		_ = tel.Shutdown(context.WithoutCancel(ctx))
@@ -402,10 +406,23 @@ func (a *App) buildAPI() (*api.Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.Waits, err = watch.New(watch.Config{Loader: a.Store, Feed: watch.NewKafkaFeed(a.Kafka, a.Log), Logger: a.Log})
+	wc := watch.Config{Loader: a.Store, Feed: watch.NewKafkaFeed(a.Kafka, a.Log), Logger: a.Log}
+	if a.waitsConfig != nil {
+		a.waitsConfig(&wc)
+	}
+	a.Waits, err = watch.New(wc)
 	if err != nil {
 		return nil, err
 	}
+	// Two feeds wake the waiters. The store's commits carry every event
+	// appended in this process (by the executor, reconciler and workflow
+	// driver beside the API, and by the API itself: intents, decisions,
+	// webhooks) the moment it commits, skipping the relay → Kafka →
+	// consumer hop of several milliseconds. The Kafka feed carries the
+	// events of other processes (an API on its own, replicas). Both may
+	// deliver one event: a waiter folds only the next seq, so a repeat is
+	// skipped and an event ahead of its predecessor reloads the record.
+	a.Store.OnCommit(a.Waits.Deliver)
 	srv, err := api.New(api.Config{
 		Addr: a.Config.HTTPAddr, Tokens: tokens, Approvers: approvers, Readers: a.Config.Readers,
 		Open: a.open || (a.Config.InsecureOpen && len(tokens) == 0), TopicPrefix: a.Kafka.TopicPrefix,
