@@ -304,13 +304,14 @@ type soakSizes struct {
 	live, dead     int64
 }
 
-// soakSizesSQL sums each table over its partitions (pg_partition_tree of a
-// plain table is the table alone): the outbox is partitioned (migration
-// 0009), and a partitioned table's own size is zero.
+// soakSizesSQL sums each table over its partitions: the outbox is
+// partitioned (migration 0009), and a partitioned table's own size is zero.
+// pg_partition_tree of a plain table is empty, hence the table itself in
+// the UNION (which also drops the partitioned root's duplicate).
 const soakSizesSQL = `SELECT c.relname, sum(pg_total_relation_size(p.relid))::bigint, sum(pg_indexes_size(p.relid))::bigint,
        sum(coalesce(s.n_live_tup, 0))::bigint, sum(coalesce(s.n_dead_tup, 0))::bigint
   FROM pg_class c
- CROSS JOIN LATERAL pg_partition_tree(c.oid) p
+ CROSS JOIN LATERAL (SELECT t.relid FROM pg_partition_tree(c.oid) t UNION SELECT c.oid::regclass) p
   LEFT JOIN pg_stat_user_tables s ON s.relid = p.relid
  WHERE c.relname = ANY($1) AND c.relkind IN ('r', 'p') AND NOT c.relispartition AND pg_table_is_visible(c.oid)
  GROUP BY c.relname`
