@@ -145,39 +145,8 @@ func TestRelaysConcurrently(t *testing.T) {
 	h := setup(t)
 	keys := opKeys("conc", 2000)
 
-	var relays []*outbox.Relay
-	for i := range 2 {
-		pool := h.poolNamed(t, fmt.Sprintf("relay-%d", i))
-		r := outbox.NewRelay(store.New(pool), h.producer(t), outbox.RelayConfig{BatchSize: 200, Base: service.Base{Logger: newTestLogger(t).logs}})
-		relays = append(relays, r)
-		runRelay(t, r)
-	}
-
-	var wg sync.WaitGroup
-	const appenders = 4
-	for i := range appenders {
-		wg.Go(func() {
-			var mine []string
-			for j := i; j < len(keys); j += appenders {
-				mine = append(mine, keys[j])
-			}
-			appendWorkload(t, h.store, mine, 50)
-		})
-	}
-	wg.Wait()
-	if t.Failed() {
-		t.FailNow()
-	}
-
-	want := len(keys) * eventsPerOp
-	recs := consume(t, h.broker.Addrs, "effectline.outcomes", 120*time.Second, func(rs []*kgo.Record) bool {
-		return len(rs) >= want && distinct(t, rs) == want
-	})
-	dups := checkStreams(t, recs, wantAll(keys, eventsPerOp))
-	intents := consume(t, h.broker.Addrs, "effectline.intents", 30*time.Second, func(rs []*kgo.Record) bool {
-		return len(rs) >= len(keys) && distinct(t, rs) == len(keys)
-	})
-	checkStreams(t, intents, wantAll(keys, 1))
+	relays, recs, dups := relayTwoWhileAppending(t, h, "relay", keys, 50,
+		outbox.RelayConfig{BatchSize: 200, Base: service.Base{Logger: newTestLogger(t).logs}})
 
 	var stats []outbox.RelayStats
 	total, skipped := int64(0), int64(0)
@@ -195,7 +164,7 @@ func TestRelaysConcurrently(t *testing.T) {
 	if skipped == 0 {
 		t.Errorf("the order guard never held a row back (%+v): the relays never contended", stats)
 	}
-	if total != int64(want+len(keys)) {
+	if want := len(keys) * eventsPerOp; total != int64(want+len(keys)) {
 		t.Errorf("relays published %d rows together; want %d, each once (no failures happened)", total, want+len(keys))
 	}
 	t.Logf("%d outcome records, %d duplicates; relay stats %+v", len(recs), dups, stats)
@@ -379,39 +348,8 @@ func TestRelaysRotateTheOutbox(t *testing.T) {
 	h := setup(t)
 	keys := opKeys("rot", 800)
 
-	var relays []*outbox.Relay
-	for i := range 2 {
-		pool := h.poolNamed(t, fmt.Sprintf("rot-relay-%d", i))
-		r := outbox.NewRelay(store.New(pool), h.producer(t), outbox.RelayConfig{BatchSize: 100, RotateEvery: 50 * time.Millisecond,
-			Base: service.Base{Logger: newTestLogger(t).logs}})
-		relays = append(relays, r)
-		runRelay(t, r)
-	}
-	var wg sync.WaitGroup
-	const appenders = 4
-	for i := range appenders {
-		wg.Go(func() {
-			var mine []string
-			for j := i; j < len(keys); j += appenders {
-				mine = append(mine, keys[j])
-			}
-			appendWorkload(t, h.store, mine, 20)
-		})
-	}
-	wg.Wait()
-	if t.Failed() {
-		t.FailNow()
-	}
-
-	want := len(keys) * eventsPerOp
-	recs := consume(t, h.broker.Addrs, "effectline.outcomes", 120*time.Second, func(rs []*kgo.Record) bool {
-		return len(rs) >= want && distinct(t, rs) == want
-	})
-	dups := checkStreams(t, recs, wantAll(keys, eventsPerOp))
-	intents := consume(t, h.broker.Addrs, "effectline.intents", 30*time.Second, func(rs []*kgo.Record) bool {
-		return len(rs) >= len(keys) && distinct(t, rs) == len(keys)
-	})
-	checkStreams(t, intents, wantAll(keys, 1))
+	relays, recs, dups := relayTwoWhileAppending(t, h, "rot-relay", keys, 20,
+		outbox.RelayConfig{BatchSize: 100, RotateEvery: 50 * time.Millisecond, Base: service.Base{Logger: newTestLogger(t).logs}})
 
 	// The relays go on rotating once idle: every partition but the current
 	// one is truncated soon after the drain.
@@ -430,4 +368,46 @@ func TestRelaysRotateTheOutbox(t *testing.T) {
 		t.Errorf("%d rotations and %d truncates: the partitions did not rotate under the load", rotations, truncates)
 	}
 	t.Logf("%d outcome records, %d duplicates, %d rotations, %d truncates, outbox %d bytes after the drain", len(recs), dups, rotations, truncates, size)
+}
+
+// relayTwoWhileAppending runs two relays with cfg (two pools, two
+// producers: two processes) while four appenders write eventsPerOp events
+// for each of keys, perTx operations a transaction, then reads both topics
+// back and checks every key's stream is complete and in order. It returns
+// the relays, the outcome records read and the duplicates among them.
+func relayTwoWhileAppending(t *testing.T, h *harness, name string, keys []string, perTx int, cfg outbox.RelayConfig) ([]*outbox.Relay, []*kgo.Record, int) {
+	t.Helper()
+	var relays []*outbox.Relay
+	for i := range 2 {
+		pool := h.poolNamed(t, fmt.Sprintf("%s-%d", name, i))
+		r := outbox.NewRelay(store.New(pool), h.producer(t), cfg)
+		relays = append(relays, r)
+		runRelay(t, r)
+	}
+	var wg sync.WaitGroup
+	const appenders = 4
+	for i := range appenders {
+		wg.Go(func() {
+			var mine []string
+			for j := i; j < len(keys); j += appenders {
+				mine = append(mine, keys[j])
+			}
+			appendWorkload(t, h.store, mine, perTx)
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	want := len(keys) * eventsPerOp
+	recs := consume(t, h.broker.Addrs, "effectline.outcomes", 120*time.Second, func(rs []*kgo.Record) bool {
+		return len(rs) >= want && distinct(t, rs) == want
+	})
+	dups := checkStreams(t, recs, wantAll(keys, eventsPerOp))
+	intents := consume(t, h.broker.Addrs, "effectline.intents", 30*time.Second, func(rs []*kgo.Record) bool {
+		return len(rs) >= len(keys) && distinct(t, rs) == len(keys)
+	})
+	checkStreams(t, intents, wantAll(keys, 1))
+	return relays, recs, dups
 }
