@@ -64,7 +64,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 
 	brokerNote := "from " + app.EnvKafkaBrokers
 	if len(cfg.KafkaBrokers) == 0 {
-		cluster, err := app.StartEmbeddedBroker(cfg.Partitions)
+		cluster, err := app.StartEmbeddedBroker(cfg.Partitions, cfg.EmbeddedRetention)
 		if err != nil {
 			return err
 		}

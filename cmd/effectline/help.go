@@ -19,7 +19,8 @@ order; the same --order-id on the same database resumes that order.`,
 			app.EnvAPITokens, app.EnvApprovers, app.EnvReaders, app.EnvTopicPrefix,
 			app.EnvKafkaPartitions, app.EnvLogLevel, app.EnvShutdownGrace,
 			app.EnvExecutorLease, app.EnvSweepInterval, app.EnvCommitWindow,
-			app.EnvKafkaPrincipals, app.EnvRetention, app.EnvTombstoneRetention, envOTEL,
+			app.EnvKafkaPrincipals, app.EnvRetention, app.EnvTombstoneRetention,
+			app.EnvEmbeddedRetention, envOTEL,
 		},
 	},
 	"run": {
@@ -80,5 +81,6 @@ var envHelp = map[string]string{
 	app.EnvCommitWindow:       "the journal committer's pacing window, 0 to 1s (0: none)",
 	app.EnvRetention:          "dedup_window of tools that name none (default 720h)",
 	app.EnvTombstoneRetention: "how long a pruned operation's tombstone is kept (default forever)",
+	app.EnvEmbeddedRetention:  "how long the embedded broker keeps a message: it holds them in memory (default 2m)",
 	envOTEL:                   "the standard OpenTelemetry variables; traces are exported only when an endpoint is set",
 }

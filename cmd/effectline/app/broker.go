@@ -3,19 +3,50 @@ package app
 import (
 	"fmt"
 	"net"
+	"strconv"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
-// StartEmbeddedBroker starts kfake on 127.0.0.1 only. Topics are created by
-// the normal provisioning path, as on a real cluster.
-func StartEmbeddedBroker(partitions int32) (*kfake.Cluster, error) {
+// DefaultEmbeddedRetention is how long the embedded broker keeps a message
+// unless told otherwise. The broker holds every message in memory, so its
+// retention is what bounds the memory of `dev`: at 500 operations/s the
+// topics take about 2 MB a second.
+const DefaultEmbeddedRetention = 2 * time.Minute
+
+// EmbeddedBroker is kfake on 127.0.0.1 only. Topics are created by the
+// normal provisioning path, as on a real cluster.
+type EmbeddedBroker struct {
+	*kfake.Cluster
+	stop, done chan struct{}
+}
+
+// StartEmbeddedBroker starts the embedded broker with a retention bound: a
+// message older than retention is dropped within a few seconds, as a real
+// broker with retention.ms would (kfake applies retention only when told,
+// so a loop here tells it). A consumer further behind than that loses the
+// messages from Kafka only: an intent dropped unread is still found by the
+// executor's due-time poller, and the read model can be rebuilt from the
+// journal (`effectline rebuild`). retention <= 0 means
+// DefaultEmbeddedRetention.
+func StartEmbeddedBroker(partitions int32, retention time.Duration) (*EmbeddedBroker, error) {
 	if partitions <= 0 {
 		partitions = 12
+	}
+	if retention <= 0 {
+		retention = DefaultEmbeddedRetention
 	}
 	c, err := kfake.NewCluster(
 		kfake.NumBrokers(1),
 		kfake.DefaultNumPartitions(int(partitions)),
+		// Retention drops whole batches of the segments it has, and the
+		// default segment is 100 MB per partition: small segments let it
+		// drop as it goes.
+		kfake.BrokerConfigs(map[string]string{
+			"log.retention.ms":  strconv.FormatInt(retention.Milliseconds(), 10),
+			"log.segment.bytes": strconv.Itoa(1 << 20),
+		}),
 		kfake.ListenFn(func(network, address string) (net.Listener, error) {
 			_, port, err := net.SplitHostPort(address)
 			if err != nil {
@@ -27,5 +58,28 @@ func StartEmbeddedBroker(partitions int32) (*kfake.Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("starting the embedded broker: %w", err)
 	}
-	return c, nil
+	b := &EmbeddedBroker{Cluster: c, stop: make(chan struct{}), done: make(chan struct{})}
+	go b.applyRetention(min(retention/4, 5*time.Second))
+	return b, nil
+}
+
+func (b *EmbeddedBroker) applyRetention(every time.Duration) {
+	defer close(b.done)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-t.C:
+			b.ApplyRetention()
+		}
+	}
+}
+
+// Close stops the retention loop and the broker.
+func (b *EmbeddedBroker) Close() {
+	close(b.stop)
+	<-b.done
+	b.Cluster.Close()
 }

@@ -41,9 +41,12 @@ const (
 	// kept (unset: forever).
 	EnvRetention          = "EFFECTLINE_RETENTION"
 	EnvTombstoneRetention = "EFFECTLINE_TOMBSTONE_RETENTION"
-	DefaultDatabaseURL    = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
-	DefaultHTTPAddr       = "127.0.0.1:8080"
-	DefaultShutdownGrace  = 10 * time.Second
+	// EnvEmbeddedRetention is how long dev's embedded broker keeps a
+	// message (default DefaultEmbeddedRetention).
+	EnvEmbeddedRetention = "EFFECTLINE_EMBEDDED_RETENTION"
+	DefaultDatabaseURL   = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+	DefaultHTTPAddr      = "127.0.0.1:8080"
+	DefaultShutdownGrace = 10 * time.Second
 )
 
 // EnvVars lists every variable the binary reads, for the docs and for the
@@ -54,7 +57,7 @@ var EnvVars = []string{
 	EnvTopicPrefix, EnvKafkaPartitions, EnvKafkaReplication, EnvLogLevel, EnvShutdownGrace,
 	EnvInsecureOpenAPI, EnvExecutorLease, EnvSweepInterval, EnvCommitWindow,
 	EnvReaders, EnvKafkaPrincipals, EnvKafkaInstanceID, EnvRetention, EnvTombstoneRetention,
-	ops.EnvAPIURL, ops.EnvAPIToken, // read by `effectline ops`, the API's client
+	EnvEmbeddedRetention, ops.EnvAPIURL, ops.EnvAPIToken, // read by `effectline ops`, the API's client
 }
 
 // Components that `effectline run --components` accepts.
@@ -89,9 +92,12 @@ type Config struct {
 	Replication   int16
 	LogLevel      string
 	ShutdownGrace time.Duration
-	InsecureOpen  bool
-	Lease         time.Duration
-	SweepInterval time.Duration
+	// EmbeddedRetention bounds the embedded broker's messages by age
+	// (dev only; zero: DefaultEmbeddedRetention).
+	EmbeddedRetention time.Duration
+	InsecureOpen      bool
+	Lease             time.Duration
+	SweepInterval     time.Duration
 	// CommitWindow is the journal committer's pacing window
 	// (store.CommitterConfig.Window): zero for the default, negative for
 	// none (EFFECTLINE_COMMIT_WINDOW=0).
@@ -154,6 +160,13 @@ func FromEnv(getenv func(string) string) (Config, error) {
 			errs = append(errs, fmt.Errorf("%s=%q: want a duration like 10s", EnvShutdownGrace, v))
 		}
 		c.ShutdownGrace = d
+	}
+	if v := getenv(EnvEmbeddedRetention); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			errs = append(errs, fmt.Errorf("%s=%q: want a duration like 2m", EnvEmbeddedRetention, v))
+		}
+		c.EmbeddedRetention = d
 	}
 	for _, d := range []struct {
 		name string

@@ -136,11 +136,11 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 		// leaves every consumer within two minutes of the head its
 		// messages (an intent dropped unread is still found by the
 		// executor's due-time poller).
-		cluster, closeBroker, err := startSoakBroker(cfg.Partitions, 2*soakLostAfter)
+		cluster, err := app.StartEmbeddedBroker(cfg.Partitions, 2*soakLostAfter)
 		if err != nil {
 			return err
 		}
-		defer closeBroker()
+		defer cluster.Close()
 		cfg.KafkaBrokers = cluster.ListenAddrs()
 	}
 	cfg.HTTPAddr = "127.0.0.1:0"

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -20,7 +19,6 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/effectline/effectline/cmd/effectline/app"
 	"github.com/effectline/effectline/events"
@@ -188,52 +186,6 @@ func (f *inFlight) left() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return len(f.pending)
-}
-
-// startSoakBroker is the embedded broker of app.StartEmbeddedBroker with a
-// retention bound: the embedded broker keeps every message in memory, so
-// without one the bench's memory would grow with the run. Messages older
-// than retention are dropped every few seconds.
-func startSoakBroker(partitions int32, retention time.Duration) (*kfake.Cluster, func(), error) {
-	if partitions <= 0 {
-		partitions = 12
-	}
-	c, err := kfake.NewCluster(
-		kfake.NumBrokers(1),
-		kfake.DefaultNumPartitions(int(partitions)),
-		// Retention drops whole segments only, and the default segment
-		// is 100 MB per partition: small segments let it drop as it goes.
-		kfake.BrokerConfigs(map[string]string{
-			"log.retention.ms":  strconv.FormatInt(retention.Milliseconds(), 10),
-			"log.segment.bytes": strconv.Itoa(1 << 20),
-		}),
-		kfake.ListenFn(func(network, address string) (net.Listener, error) {
-			_, port, err := net.SplitHostPort(address)
-			if err != nil {
-				return nil, err
-			}
-			return net.Listen(network, net.JoinHostPort("127.0.0.1", port))
-		}),
-	)
-	if err != nil {
-		return nil, nil, fmt.Errorf("starting the embedded broker: %w", err)
-	}
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(5 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				c.ApplyRetention()
-			}
-		}
-	}()
-	return c, func() { close(stop); <-done; c.Close() }, nil
 }
 
 // watchCompletions consumes the outcomes topic from its start and calls

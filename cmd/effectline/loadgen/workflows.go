@@ -75,7 +75,7 @@ func RunWorkflows(ctx context.Context, bc Config, cfg app.Config, getenv func(st
 		return err
 	}
 	if len(cfg.KafkaBrokers) == 0 {
-		cluster, err := app.StartEmbeddedBroker(cfg.Partitions)
+		cluster, err := app.StartEmbeddedBroker(cfg.Partitions, 2*soakLostAfter)
 		if err != nil {
 			return err
 		}
