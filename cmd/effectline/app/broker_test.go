@@ -1,6 +1,7 @@
 package app
 
 import (
+	"os"
 	"testing"
 	"time"
 
@@ -10,13 +11,18 @@ import (
 // TestEmbeddedBrokerDropsOldMessages: the embedded broker keeps messages in
 // memory, so dev's memory is bounded only if its retention loop runs. The
 // log start offset of a partition moves past messages older than the
-// retention.
+// retention, and Close removes the broker's log.
 func TestEmbeddedBrokerDropsOldMessages(t *testing.T) {
 	b, err := StartEmbeddedBroker(1, 500*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.Close()
+	closed := false
+	defer func() {
+		if !closed {
+			b.Close()
+		}
+	}()
 	sc := sarama.NewConfig()
 	sc.Version = sarama.V2_8_0_0
 	sc.Producer.Return.Successes = true
@@ -51,11 +57,17 @@ func TestEmbeddedBrokerDropsOldMessages(t *testing.T) {
 			t.Fatal(err)
 		}
 		if oldest == 10 {
-			return
+			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("log start offset %d after 10 s with a 500 ms retention; want 10 (every message dropped)", oldest)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	client.Close()
+	b.Close()
+	closed = true
+	if _, err := os.Stat(b.dir); !os.IsNotExist(err) {
+		t.Errorf("the broker's log %s is still there after Close (stat: %v)", b.dir, err)
 	}
 }
