@@ -91,6 +91,21 @@ func TestDevDemo(t *testing.T) {
 		}
 	}
 
+	// dev runs with its soft memory limit when GOMEMLIMIT is unset (the
+	// test's environment has none): the Go collector on /metrics says so.
+	if res, err := http.Get(base + "/metrics"); err != nil {
+		t.Errorf("GET /metrics: %v", err)
+	} else {
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		m := regexp.MustCompile(`(?m)^go_gc_gomemlimit_bytes (\S+)$`).FindSubmatch(b)
+		if m == nil {
+			t.Errorf("/metrics has no go_gc_gomemlimit_bytes")
+		} else if v, _ := strconv.ParseFloat(string(m[1]), 64); v != devMemoryLimit {
+			t.Errorf("go_gc_gomemlimit_bytes = %s, want dev's soft limit %d", m[1], devMemoryLimit)
+		}
+	}
+
 	// The timeline shows the rules at work.
 	reserve := devSection(out, "inventory.reserve  (", "payments.charge  (")
 	devInOrder(t, "reserve", reserve,
