@@ -182,6 +182,12 @@ func Connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parsing the database URL: %w", err)
 	}
+	return ConnectConfig(ctx, cfg)
+}
+
+// ConnectConfig is Connect on settings the caller parsed and adjusted
+// (pgxpool.ParseConfig), such as a query tracer on cfg.ConnConfig.
+func ConnectConfig(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, error) {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to PostgreSQL: %w", err)

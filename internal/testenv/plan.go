@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -29,28 +30,52 @@ func GenericPlan(t testing.TB, url, query string) string {
 		t.Fatalf("testenv: connecting to %s: %v", redact(url), err)
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
+	plan, err := explainGeneric(ctx, conn, "EXPLAIN (COSTS OFF)", query)
+	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
-	sd, err := conn.Prepare(ctx, "generic_plan", query)
-	if err != nil {
-		t.Fatalf("testenv: preparing %q: %v", query, err)
+	return plan
+}
+
+// GenericPlanJSON is GenericPlan on an open connection, in EXPLAIN's JSON
+// format and verbose (EXPLAIN (VERBOSE, COSTS OFF, FORMAT JSON)): the tree
+// of plan nodes with each node's output columns, for a test that walks it
+// rather than reads it. It plans under the connection's settings, which
+// the caller may have changed (enable_seqscan, say). A statement that
+// cannot be prepared or explained (a TRUNCATE, a LOCK) is an error, not a
+// failure of the test.
+func GenericPlanJSON(ctx context.Context, conn *pgx.Conn, query string) ([]byte, error) {
+	plan, err := explainGeneric(ctx, conn, "EXPLAIN (VERBOSE, COSTS OFF, FORMAT JSON)", query)
+	return []byte(plan), err
+}
+
+// explainGeneric runs explain (an EXPLAIN with its options) on the generic
+// plan of query, prepared on conn and deallocated afterwards.
+func explainGeneric(ctx context.Context, conn *pgx.Conn, explain, query string) (string, error) {
+	const name = "generic_plan"
+	if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
+		return "", err
 	}
+	sd, err := conn.Prepare(ctx, name, query)
+	if err != nil {
+		return "", fmt.Errorf("preparing %q: %w", query, err)
+	}
+	defer func() { _ = conn.Deallocate(context.WithoutCancel(ctx), name) }()
 	nulls := make([]string, len(sd.ParamOIDs))
 	for i := range nulls {
 		nulls[i] = "NULL"
 	}
-	explain := "EXPLAIN (COSTS OFF) EXECUTE generic_plan"
+	explain += " EXECUTE " + name
 	if len(nulls) > 0 {
 		explain += "(" + strings.Join(nulls, ", ") + ")"
 	}
 	rows, err := conn.Query(ctx, explain, pgx.QueryExecModeSimpleProtocol)
 	if err != nil {
-		t.Fatalf("testenv: %s: %v", explain, err)
+		return "", fmt.Errorf("%s: %w", explain, err)
 	}
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		t.Fatalf("testenv: %s: %v", explain, err)
+		return "", fmt.Errorf("%s: %w", explain, err)
 	}
-	return strings.Join(lines, "\n")
+	return strings.Join(lines, "\n"), nil
 }

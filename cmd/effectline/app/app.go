@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/effectline/effectline/api"
@@ -73,9 +74,24 @@ type App struct {
 // ConnectDatabase opens the pool, turning an unreachable server into an
 // error that says how to start one.
 func ConnectDatabase(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	return connectDatabase(ctx, url, nil)
+}
+
+// connectDatabase is ConnectDatabase with tracer (nil for none) on the
+// pool's connections, and so on every connection a component opens on the
+// pool's settings: the relay's LISTEN, the projector's write pool and its
+// durability watch.
+func connectDatabase(ctx context.Context, url string, tracer pgx.QueryTracer) (*pgxpool.Pool, error) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	pool, err := store.Connect(cctx, url)
+	var pool *pgxpool.Pool
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		err = fmt.Errorf("parsing the database URL: %w", err)
+	} else {
+		cfg.ConnConfig.Tracer = tracer
+		pool, err = store.ConnectConfig(cctx, cfg)
+	}
 	if err != nil && ctx.Err() != nil {
 		// Stopped (a signal) while connecting: nothing is wrong with the
 		// server, so no advice about starting it.
@@ -131,6 +147,9 @@ type Options struct {
 	APIDrain time.Duration
 	// waits, when set (by this package's tests), adjusts the waiters' hub.
 	waits func(*watch.Config)
+	// tracer, when set (by this package's tests), sees every statement the
+	// process runs (connectDatabase).
+	tracer pgx.QueryTracer
 }
 
 // APIShutdownDelay is how long `run` keeps the API serving after SIGTERM
@@ -176,7 +195,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 	}
 	a := &App{Config: o.Config, Tel: tel, Log: tel.Logger(), open: o.Open, apiDrain: o.APIDrain,
 		crashPoint: crashPoint(o.Getenv), waitsConfig: o.waits}
-	a.Pool, err = ConnectDatabase(ctx, o.Config.DatabaseURL)
+	a.Pool, err = connectDatabase(ctx, o.Config.DatabaseURL, o.tracer)
 	if err != nil {
 		_ = tel.Shutdown(context.WithoutCancel(ctx))
 		return nil, err
