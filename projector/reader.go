@@ -227,37 +227,6 @@ func decodeCursor(s string) (cursor, error) {
 // braces, in base64.
 const maxCursorLen = (events.MaxOperationKeyBytes*6+64)*4/3 + 4
 
-// ProjectedAt returns when each operation now in status had its row last
-// written. The load generator reads it for the latency from an intent's
-// commit to its outcome in the read model.
-func (r *Reader) ProjectedAt(ctx context.Context, status events.Status) (map[string]time.Time, error) {
-	rows, err := r.pool.Query(ctx, `SELECT operation_key, projected_at FROM operation_state WHERE status = $1`, string(status))
-	if err != nil {
-		return nil, fmt.Errorf("listing projection times: %w", err)
-	}
-	out, err := store.KeyTimes(rows)
-	if err != nil {
-		return nil, fmt.Errorf("listing projection times: %w", err)
-	}
-	return out, nil
-}
-
-// CountTerminal returns how many operations the read model holds in a
-// terminal status (completed, failed, compensated).
-func (r *Reader) CountTerminal(ctx context.Context) (int, error) {
-	var terminal []string
-	for _, s := range events.Statuses() {
-		if s.Terminal() {
-			terminal = append(terminal, string(s))
-		}
-	}
-	var n int
-	if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM operation_state WHERE status = ANY($1)`, terminal).Scan(&n); err != nil {
-		return 0, fmt.Errorf("counting settled operations: %w", err)
-	}
-	return n, nil
-}
-
 // ListWorkflows returns a page of workflow runs from workflow_state, newest
 // first: ordered by created_at descending, ties broken by workflow_id
 // descending, paged by keyset like List. The status, the principal and the

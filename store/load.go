@@ -147,21 +147,6 @@ func traceparent(ctx context.Context, q querier, key string) (string, error) {
 	return tp, nil
 }
 
-// CompletedAt returns when each completed operation's head record was last
-// written: the moment its outcome was journaled. The load generator reads
-// it to tell the executor's share of the latency from the read model's.
-func (s *Store) CompletedAt(ctx context.Context) (map[string]time.Time, error) {
-	rows, err := s.pool.Query(ctx, `SELECT operation_key, updated_at FROM operations WHERE status = 'completed'`)
-	if err != nil {
-		return nil, fmt.Errorf("listing completed operations: %w", interpretError(err))
-	}
-	out, err := KeyTimes(rows)
-	if err != nil {
-		return nil, fmt.Errorf("listing completed operations: %w", interpretError(err))
-	}
-	return out, nil
-}
-
 // KeyTimes collects rows of (operation key, time) into a map, and closes
 // rows: the load generator's reads of when each operation got somewhere.
 func KeyTimes(rows pgx.Rows) (map[string]time.Time, error) {
