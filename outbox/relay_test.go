@@ -263,6 +263,24 @@ func TestRelayWakeUps(t *testing.T) {
 	if len(recs) != 2 {
 		t.Fatalf("an in-process append of %s was not published within 5s (poll interval 1h)", op.Key)
 	}
+
+	// A process without a relay (`run --components executor`): its store's
+	// commits wake the relay through its Notifier, with no Notify in the
+	// transaction.
+	writer := store.New(h.poolNamed(t, "executor-process"))
+	n := outbox.NewNotifier(writer.Pool(), service.Base{Logger: newTestLogger(t).logs})
+	writer.OnAppend(n.Signal)
+	nctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- n.Run(nctx) }()
+	defer func() { stop(); <-done }()
+	if _, err := writer.Append(ctx, store.Append{Events: appendIntentEvents(t, "wf:other-process/step"), TopicPrefix: "effectline."}); err != nil {
+		t.Fatal(err)
+	}
+	recs = consume(t, h.broker.Addrs, "effectline.intents", 5*time.Second, func(rs []*kgo.Record) bool { return len(rs) == 3 })
+	if len(recs) != 3 {
+		t.Fatalf("an append in another process with a Notifier was not published within 5s (poll interval 1h)")
+	}
 }
 
 // failingPublisher fails at once until healed, recording what it was sent

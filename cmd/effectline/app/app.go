@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -315,7 +316,9 @@ func (a *App) build(names []string) ([]Component, error) {
 			if err != nil {
 				return nil, err
 			}
-			relay := outbox.NewRelay(a.Store, producer, outbox.RelayConfig{Base: base,
+			// Listen: writers in other processes wake it with a NOTIFY
+			// (their outbox.Notifier, below), not only its poll.
+			relay := outbox.NewRelay(a.Store, producer, outbox.RelayConfig{Base: base, Listen: true,
 				IntentsTopic: a.Kafka.Topic(events.TopicIntents), RedactArgs: a.redactArgs})
 			a.relays = append(a.relays, relay)
 			out = append(out, Component{name, func(ctx context.Context) error {
@@ -380,7 +383,26 @@ func (a *App) build(names []string) ([]Component, error) {
 		}
 		out = append(out, Component{"consumer_lag", lag.Run})
 	}
+	// A process that journals events and runs no relay wakes the relays of
+	// the others after its commits; one with a relay wakes its own in
+	// process (store.OnAppend), and those of other processes find the
+	// rows its relay left at their poll.
+	if needsNotifier(names) {
+		n := outbox.NewNotifier(a.Pool, base)
+		a.Store.OnAppend(n.Signal)
+		out = append(out, Component{"outbox_notifier", n.Run})
+	}
 	return out, nil
+}
+
+// needsNotifier says whether a process of these components journals events
+// (every component but the relay and the projector does) with no relay of
+// its own to wake.
+func needsNotifier(names []string) bool {
+	writes := func(name string) bool {
+		return name == Executor || name == Reconciler || name == Workflow || name == API
+	}
+	return !slices.Contains(names, Relay) && slices.ContainsFunc(names, writes)
 }
 
 // consumerGroups are the Kafka consumer groups of the named components,
