@@ -32,6 +32,31 @@ func TestBenchSmoke(t *testing.T) {
 	}
 }
 
+// TestBenchSplitSmoke runs `bench -split` briefly: the components in five
+// processes of their own, the bench posting and waiting. Every operation
+// must complete once, the waits answer 200, and the CPU line count the
+// children.
+func TestBenchSplitSmoke(t *testing.T) {
+	t.Parallel()
+	last := regexp.MustCompile(`^bench: ops=(\d+) throughput=[\d.]+/s p50=[\d.]+ms p95=[\d.]+ms p99=[\d.]+ms tx_per_op=[\d.]+ duplicates=(\d+) lost=(\d+)$`)
+	p := start(t, "bench-split", map[string]string{envDatabaseURL: testenv.DatabaseURL()},
+		"bench", "-split", "-via", "http", "-wait", "-n", "200", "-rate", "100", "-warmup", "20")
+	m := p.waitLine(last, 3*time.Minute)
+	if m[1] != "200" || m[2] != "0" || m[3] != "0" {
+		t.Fatalf("bench reported ops=%s duplicates=%s lost=%s", m[1], m[2], m[3])
+	}
+	out := p.output()
+	if !regexp.MustCompile(`(?m)^wait: POST with Prefer: wait=20 to its 200: .*\(200 answered 200, 0 answered 202\)$`).MatchString(out) {
+		t.Errorf("not every waiting POST answered 200:\n%s", out)
+	}
+	if !regexp.MustCompile(`(?m)^cpu: .* ms of it in the components' processes`).MatchString(out) {
+		t.Errorf("the cpu line does not count the components' processes:\n%s", out)
+	}
+	if err := p.wait(time.Minute); err != nil {
+		t.Fatalf("bench exited with %v", err)
+	}
+}
+
 // TestBenchWorkflowsSmoke runs `bench -workflows` briefly and checks its
 // last line: every three-step workflow completed, no duplicate effect, and
 // the hop latency and commits per step were measured.

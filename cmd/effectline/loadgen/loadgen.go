@@ -66,9 +66,16 @@ type Config struct {
 	Retention          time.Duration
 	TombstoneRetention time.Duration
 
+	// Split runs each component in a process of its own (-via http only):
+	// `effectline run --components <c>` children of this binary, as the
+	// Kubernetes manifests deploy them; the bench keeps the agent, the
+	// tool and the measurement.
+	Split bool
+
 	apiBase string
 	client  *http.Client
 	waits   *waitStats
+	split   *splitProcesses
 }
 
 // waitStats collects the agent-perceived latencies of waiting POSTs, in a
@@ -94,12 +101,13 @@ func (s *waitStats) add(d time.Duration, status int) {
 
 // ErrConfig says a Config field is out of range.
 var ErrConfig = errors.New("-n, -batch and -concurrency must be positive, -rate and -warmup not negative, -via outbox or http, -wait only with -via http; " +
-	"-duration (a soak) needs -rate > 0, -via outbox and a positive -window; -retention and -tombstone-retention not negative")
+	"-duration (a soak) needs -rate > 0, -via outbox and a positive -window; -retention and -tombstone-retention not negative; -split only with -via http and without -duration")
 
 func (bc Config) check() error {
 	if bc.N <= 0 || bc.Batch <= 0 || bc.Concurrency <= 0 || bc.Rate < 0 || bc.Warmup < 0 || (bc.Via != "outbox" && bc.Via != "http") ||
 		(bc.Wait && bc.Via != "http") || bc.Duration < 0 || bc.Retention < 0 || bc.TombstoneRetention < 0 ||
-		(bc.Duration > 0 && (bc.Rate == 0 || bc.Via != "outbox" || bc.Window <= 0)) {
+		(bc.Duration > 0 && (bc.Rate == 0 || bc.Via != "outbox" || bc.Window <= 0)) ||
+		(bc.Split && (bc.Via != "http" || bc.Duration > 0)) {
 		return ErrConfig
 	}
 	return nil
@@ -148,10 +156,28 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 	if bc.Via == "http" {
 		comps = append(comps, app.API)
 	}
+	if bc.Split {
+		comps = nil
+	}
 	a, err := app.Open(ctx, app.Options{Config: cfg, Stdout: stderr, Getenv: getenv, Components: comps,
 		Migrate: true, Tools: reg, Service: "effectline-bench", Open: true})
 	if err != nil {
 		return err
+	}
+	if bc.Split {
+		sp, err := startSplit(ctx, cfg, sink.toolsYAML(bc.Retention))
+		if err != nil {
+			a.Close(ctx)
+			return err
+		}
+		bc.split = sp
+		defer func() {
+			if err := sp.stop(); err != nil {
+				fmt.Fprintln(stderr, err)
+			}
+		}()
+		bc.apiBase = "http://" + sp.apiAddr
+		bc.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	}
 	if addr := a.APIAddr(); addr != "" {
 		bc.apiBase = "http://" + addr
@@ -204,12 +230,13 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 	}
 	var agentCommits atomic.Int64
 	start := time.Now()
-	cpuBefore := sampleCPU()
+	cpuBefore, childrenBefore := sampleCPU(), bc.split.cpu()
 	if err := bc.runUntilDone(ctx, runCtx, a, sink, tr, &agentCommits, stderr); err != nil {
 		return err
 	}
 	elapsed := time.Since(start)
 	cpuProcess, cpuMachine := sampleCPU().perOp(cpuBefore, bc.N)
+	cpuChildren := float64((bc.split.cpu() - childrenBefore).Microseconds()) / 1000 / float64(bc.N)
 
 	// Latency: from each intent's commit to its terminal row's projection,
 	// and to the outcome journaled (the write side), which tells the
@@ -245,20 +272,29 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 		fmt.Fprintf(stdout, "postgres: %.2f of them effectline's own (claims and outcomes), %.2f the agent's transactions that carried the intents\n",
 			float64(syncCommits-agent)/float64(bc.N), float64(agent)/float64(bc.N))
 	}
-	if cpuMachine > 0 {
+	switch {
+	case cpuMachine > 0 && bc.split != nil:
+		fmt.Fprintf(stdout, "cpu: %.2f ms per operation on the whole machine, %.2f ms of it in the components' processes, %.2f ms in this one (the agent, the tool)\n",
+			cpuMachine, cpuChildren, cpuProcess)
+	case cpuMachine > 0:
 		fmt.Fprintf(stdout, "cpu: %.2f ms per operation on the whole machine, %.2f ms of it in this process (the rest is PostgreSQL and whatever else runs)\n",
 			cpuMachine, cpuProcess)
+	}
+	if bc.split != nil {
+		fmt.Fprintln(stdout, "postgres: with -split the synchronous commits are the components' processes' and not counted here; the transactions of any kind are")
 	}
 	if s := bc.waits; s != nil {
 		s.mu.Lock()
 		h, accepted := s.lat, s.accepted
 		s.mu.Unlock()
 		wp := func(p float64) float64 { return ms(h.quantile(p)) }
-		reloads, sweeps := a.Waits.Queries()
 		fmt.Fprintf(stdout, "wait: POST with Prefer: wait=20 to its 200: p50=%.1fms p95=%.1fms p99=%.1fms (%d answered 200, %d answered 202)\n",
 			wp(0.50), wp(0.95), wp(0.99), h.n, accepted)
-		fmt.Fprintf(stdout, "wait: the waiters' own queries: %d head reloads after a feed gap, %d sweep queries, for %d waiting requests\n",
-			reloads-reloadsBefore, sweeps-sweepsBefore, bc.N)
+		if a.Waits != nil {
+			reloads, sweeps := a.Waits.Queries()
+			fmt.Fprintf(stdout, "wait: the waiters' own queries: %d head reloads after a feed gap, %d sweep queries, for %d waiting requests\n",
+				reloads-reloadsBefore, sweeps-sweepsBefore, bc.N)
+		}
 	}
 	fmt.Fprintf(stdout, "bench: ops=%d throughput=%.0f/s p50=%.1fms p95=%.1fms p99=%.1fms tx_per_op=%.2f duplicates=%d lost=%d\n",
 		bc.N, throughput, pct(0.50), pct(0.95), pct(0.99), float64(syncCommits)/float64(bc.N), dups, lost)

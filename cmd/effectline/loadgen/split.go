@@ -1,0 +1,174 @@
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/effectline/effectline/cmd/effectline/app"
+)
+
+// splitComponents are the processes of -split, one component each, as the
+// Kubernetes manifests deploy them. The API is last: it is started once
+// the others are running, and its address is where the bench posts.
+var splitComponents = []string{app.Relay, app.Executor, app.Projector, app.Reconciler, app.API}
+
+// splitProcesses are the children of a -split run.
+type splitProcesses struct {
+	procs   []*exec.Cmd
+	exits   []chan error // each receives its child's Wait, once
+	logs    []*syncBuffer
+	names   []string
+	apiAddr string
+}
+
+// startSplit starts `effectline run --components <c>` for every component,
+// from this very binary, on the bench's database, broker and tools file,
+// and waits until each says it is running.
+func startSplit(ctx context.Context, cfg app.Config, toolsYAML string) (*splitProcesses, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("bench -split: finding this binary: %w", err)
+	}
+	dir, err := os.MkdirTemp("", "effectline-split-")
+	if err != nil {
+		return nil, err
+	}
+	tools := filepath.Join(dir, "tools.yaml")
+	if err := os.WriteFile(tools, []byte(toolsYAML), 0o600); err != nil {
+		return nil, err
+	}
+	sp := &splitProcesses{}
+	for _, c := range splitComponents {
+		addr, err := freeAddr()
+		if err != nil {
+			sp.stop()
+			return nil, err
+		}
+		env := []string{
+			"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"),
+			app.EnvDatabaseURL + "=" + cfg.DatabaseURL,
+			app.EnvKafkaBrokers + "=" + strings.Join(cfg.KafkaBrokers, ","),
+			app.EnvTools + "=" + tools,
+			app.EnvHTTPAddr + "=" + addr,
+			app.EnvInsecureOpenAPI + "=true",
+			app.EnvLogLevel + "=info", // "effectline running" is an info line
+		}
+		if cfg.Partitions > 0 {
+			env = append(env, app.EnvKafkaPartitions+"="+strconv.Itoa(int(cfg.Partitions)))
+		}
+		cmd := exec.CommandContext(ctx, self, "run", "--components", c)
+		cmd.Env = env
+		out := &syncBuffer{}
+		cmd.Stdout, cmd.Stderr = out, out
+		cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+		cmd.WaitDelay = 15 * time.Second
+		if err := cmd.Start(); err != nil {
+			sp.stop()
+			return nil, fmt.Errorf("bench -split: starting %s: %w", c, err)
+		}
+		exit := make(chan error, 1)
+		go func() { exit <- cmd.Wait() }()
+		sp.procs, sp.exits = append(sp.procs, cmd), append(sp.exits, exit)
+		sp.logs, sp.names = append(sp.logs, out), append(sp.names, c)
+		if c == app.API {
+			sp.apiAddr = addr
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for i, out := range sp.logs {
+		for !strings.Contains(out.String(), `"msg":"effectline running"`) {
+			if time.Now().After(deadline) || exited(sp.exits[i]) {
+				err := fmt.Errorf("bench -split: %s did not start; its output:\n%s", sp.names[i], out.String())
+				sp.stop()
+				return nil, err
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return sp, nil
+}
+
+// stop sends every child SIGTERM and waits for it. A child that failed is
+// reported with the end of its output.
+func (sp *splitProcesses) stop() error {
+	for _, p := range sp.procs {
+		_ = p.Process.Signal(syscall.SIGTERM)
+	}
+	var errs []error
+	for i, exit := range sp.exits {
+		if err := <-exit; err != nil {
+			out := sp.logs[i].String()
+			errs = append(errs, fmt.Errorf("bench -split: %s: %w; its output ends:\n%s", sp.names[i], err, out[max(0, len(out)-2000):]))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// cpu is the CPU time the children have used so far, from /proc; zero
+// without children.
+func (sp *splitProcesses) cpu() time.Duration {
+	var total time.Duration
+	if sp == nil {
+		return 0
+	}
+	for _, p := range sp.procs {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Process.Pid))
+		if err != nil {
+			continue
+		}
+		// The fields after the command (which may hold spaces) start
+		// after the last ')'; utime and stime are the 14th and 15th.
+		_, rest, _ := strings.Cut(string(b[bytes.LastIndexByte(b, ')')+1:]), " ")
+		f := strings.Fields(rest)
+		if len(f) < 13 {
+			continue
+		}
+		for _, v := range f[11:13] {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			total += time.Duration(n) * 10 * time.Millisecond
+		}
+	}
+	return total
+}
+
+// exited says whether a child has ended; its Wait stays in the channel
+// for stop.
+func exited(exit chan error) bool { return len(exit) > 0 }
+
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// syncBuffer is a bytes.Buffer safe for a child's writes and our reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
