@@ -32,15 +32,15 @@ func TestBenchSmoke(t *testing.T) {
 	}
 }
 
-// TestBenchSplitSmoke runs `bench -split` briefly: the components in five
-// processes of their own, the bench posting and waiting. Every operation
+// TestBenchSplitSmoke runs `bench -split -replicas 2` briefly: two
+// processes of each component, the bench posting to both APIs and waiting. Every operation
 // must complete once, the waits answer 200, and the CPU line count the
 // children.
 func TestBenchSplitSmoke(t *testing.T) {
 	t.Parallel()
 	last := regexp.MustCompile(`^bench: ops=(\d+) throughput=[\d.]+/s p50=[\d.]+ms p95=[\d.]+ms p99=[\d.]+ms tx_per_op=[\d.]+ duplicates=(\d+) lost=(\d+)$`)
 	p := start(t, "bench-split", map[string]string{envDatabaseURL: testenv.DatabaseURL()},
-		"bench", "-split", "-via", "http", "-wait", "-n", "200", "-rate", "100", "-warmup", "20")
+		"bench", "-split", "-replicas", "2", "-via", "http", "-wait", "-n", "200", "-rate", "100", "-warmup", "20")
 	m := p.waitLine(last, 3*time.Minute)
 	if m[1] != "200" || m[2] != "0" || m[3] != "0" {
 		t.Fatalf("bench reported ops=%s duplicates=%s lost=%s", m[1], m[2], m[3])

@@ -75,6 +75,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs.BoolVar(&bc.Keep, "keep", false, "keep the benchmark database")
 	fs.StringVar(&bc.Via, "via", "outbox", "how intents come in: outbox (the agent's transactions) or http (POST /v1/intents)")
 	fs.BoolVar(&bc.Split, "split", false, "with -via http: run the relay, executor, projector, reconciler and API each in a process of its own (effectline run --components), as deploy/kubernetes does")
+	fs.IntVar(&bc.Replicas, "replicas", 1, "with -split: processes of each component (the API replicas take the POSTs in turn)")
 	fs.BoolVar(&bc.Wait, "wait", false, "with -via http: each POST asks Prefer: wait=20 and the agent-perceived latency to its 200 is reported")
 	fs.StringVar(&bc.CPUProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
 	workflows := fs.Bool("workflows", false, "run -n three-step workflows instead of single operations (-rate in workflows per second)")

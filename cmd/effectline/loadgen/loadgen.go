@@ -71,8 +71,11 @@ type Config struct {
 	// Kubernetes manifests deploy them; the bench keeps the agent, the
 	// tool and the measurement.
 	Split bool
+	// Replicas is how many processes of each component Split runs
+	// (default 1); the bench posts to the API replicas in turn.
+	Replicas int
 
-	apiBase string
+	apiBase []string
 	client  *http.Client
 	waits   *waitStats
 	split   *splitProcesses
@@ -101,13 +104,13 @@ func (s *waitStats) add(d time.Duration, status int) {
 
 // ErrConfig says a Config field is out of range.
 var ErrConfig = errors.New("-n, -batch and -concurrency must be positive, -rate and -warmup not negative, -via outbox or http, -wait only with -via http; " +
-	"-duration (a soak) needs -rate > 0, -via outbox and a positive -window; -retention and -tombstone-retention not negative; -split only with -via http and without -duration")
+	"-duration (a soak) needs -rate > 0, -via outbox and a positive -window; -retention and -tombstone-retention not negative; -split only with -via http and without -duration, -replicas only with -split")
 
 func (bc Config) check() error {
 	if bc.N <= 0 || bc.Batch <= 0 || bc.Concurrency <= 0 || bc.Rate < 0 || bc.Warmup < 0 || (bc.Via != "outbox" && bc.Via != "http") ||
 		(bc.Wait && bc.Via != "http") || bc.Duration < 0 || bc.Retention < 0 || bc.TombstoneRetention < 0 ||
 		(bc.Duration > 0 && (bc.Rate == 0 || bc.Via != "outbox" || bc.Window <= 0)) ||
-		(bc.Split && (bc.Via != "http" || bc.Duration > 0)) {
+		(bc.Split && (bc.Via != "http" || bc.Duration > 0)) || (bc.Replicas > 1 && !bc.Split) || bc.Replicas < 0 {
 		return ErrConfig
 	}
 	return nil
@@ -165,7 +168,7 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 		return err
 	}
 	if bc.Split {
-		sp, err := startSplit(ctx, cfg, sink.toolsYAML(bc.Retention))
+		sp, err := startSplit(ctx, cfg, sink.toolsYAML(bc.Retention), max(bc.Replicas, 1))
 		if err != nil {
 			a.Close(ctx)
 			return err
@@ -176,11 +179,13 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 				fmt.Fprintln(stderr, err)
 			}
 		}()
-		bc.apiBase = "http://" + sp.apiAddr
+		for _, addr := range sp.apiAddrs {
+			bc.apiBase = append(bc.apiBase, "http://"+addr)
+		}
 		bc.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	}
 	if addr := a.APIAddr(); addr != "" {
-		bc.apiBase = "http://" + addr
+		bc.apiBase = []string{"http://" + addr}
 		bc.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	}
 	runCtx, stop := context.WithCancel(ctx)
@@ -456,7 +461,8 @@ func (bc Config) post(ctx context.Context, in outbox.Intent, tr *tracker, i int)
 	if err != nil {
 		return err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, bc.apiBase+"/v1/intents", bytes.NewReader(body))
+	base := bc.apiBase[i%len(bc.apiBase)]
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/intents", bytes.NewReader(body))
 	if err != nil {
 		return err
 	}

@@ -25,17 +25,19 @@ var splitComponents = []string{app.Relay, app.Executor, app.Projector, app.Recon
 
 // splitProcesses are the children of a -split run.
 type splitProcesses struct {
-	procs   []*exec.Cmd
-	exits   []chan error // each receives its child's Wait, once
-	logs    []*syncBuffer
-	names   []string
-	apiAddr string
+	procs    []*exec.Cmd
+	exits    []chan error // each receives its child's Wait, once
+	logs     []*syncBuffer
+	names    []string
+	apiAddrs []string
+	dir      string // the tools file's
 }
 
-// startSplit starts `effectline run --components <c>` for every component,
-// from this very binary, on the bench's database, broker and tools file,
-// and waits until each says it is running.
-func startSplit(ctx context.Context, cfg app.Config, toolsYAML string) (*splitProcesses, error) {
+// startSplit starts replicas processes of `effectline run --components <c>`
+// for every component, from this very binary, on the bench's database,
+// broker and tools file, and waits until each says it is running. Replicas
+// of a component share its consumer group, so they split the partitions.
+func startSplit(ctx context.Context, cfg app.Config, toolsYAML string, replicas int) (*splitProcesses, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("bench -split: finding this binary: %w", err)
@@ -48,41 +50,13 @@ func startSplit(ctx context.Context, cfg app.Config, toolsYAML string) (*splitPr
 	if err := os.WriteFile(tools, []byte(toolsYAML), 0o600); err != nil {
 		return nil, err
 	}
-	sp := &splitProcesses{}
+	sp := &splitProcesses{dir: dir}
 	for _, c := range splitComponents {
-		addr, err := freeAddr()
-		if err != nil {
-			sp.stop()
-			return nil, err
-		}
-		env := []string{
-			"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"),
-			app.EnvDatabaseURL + "=" + cfg.DatabaseURL,
-			app.EnvKafkaBrokers + "=" + strings.Join(cfg.KafkaBrokers, ","),
-			app.EnvTools + "=" + tools,
-			app.EnvHTTPAddr + "=" + addr,
-			app.EnvInsecureOpenAPI + "=true",
-			app.EnvLogLevel + "=info", // "effectline running" is an info line
-		}
-		if cfg.Partitions > 0 {
-			env = append(env, app.EnvKafkaPartitions+"="+strconv.Itoa(int(cfg.Partitions)))
-		}
-		cmd := exec.CommandContext(ctx, self, "run", "--components", c)
-		cmd.Env = env
-		out := &syncBuffer{}
-		cmd.Stdout, cmd.Stderr = out, out
-		cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-		cmd.WaitDelay = 15 * time.Second
-		if err := cmd.Start(); err != nil {
-			sp.stop()
-			return nil, fmt.Errorf("bench -split: starting %s: %w", c, err)
-		}
-		exit := make(chan error, 1)
-		go func() { exit <- cmd.Wait() }()
-		sp.procs, sp.exits = append(sp.procs, cmd), append(sp.exits, exit)
-		sp.logs, sp.names = append(sp.logs, out), append(sp.names, c)
-		if c == app.API {
-			sp.apiAddr = addr
+		for r := range replicas {
+			if err := sp.start(ctx, self, c, r, cfg, tools); err != nil {
+				sp.stop()
+				return nil, err
+			}
 		}
 	}
 	deadline := time.Now().Add(60 * time.Second)
@@ -99,6 +73,43 @@ func startSplit(ctx context.Context, cfg app.Config, toolsYAML string) (*splitPr
 	return sp, nil
 }
 
+// start starts replica r of component c.
+func (sp *splitProcesses) start(ctx context.Context, self, c string, r int, cfg app.Config, tools string) error {
+	addr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	env := []string{
+		"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"),
+		app.EnvDatabaseURL + "=" + cfg.DatabaseURL,
+		app.EnvKafkaBrokers + "=" + strings.Join(cfg.KafkaBrokers, ","),
+		app.EnvTools + "=" + tools,
+		app.EnvHTTPAddr + "=" + addr,
+		app.EnvInsecureOpenAPI + "=true",
+		app.EnvLogLevel + "=info", // "effectline running" is an info line
+	}
+	if cfg.Partitions > 0 {
+		env = append(env, app.EnvKafkaPartitions+"="+strconv.Itoa(int(cfg.Partitions)))
+	}
+	cmd := exec.CommandContext(ctx, self, "run", "--components", c)
+	cmd.Env = env
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 15 * time.Second
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("bench -split: starting %s: %w", c, err)
+	}
+	exit := make(chan error, 1)
+	go func() { exit <- cmd.Wait() }()
+	sp.procs, sp.exits = append(sp.procs, cmd), append(sp.exits, exit)
+	sp.logs, sp.names = append(sp.logs, out), append(sp.names, fmt.Sprintf("%s #%d", c, r+1))
+	if c == app.API {
+		sp.apiAddrs = append(sp.apiAddrs, addr)
+	}
+	return nil
+}
+
 // stop sends every child SIGTERM and waits for it. A child that failed is
 // reported with the end of its output.
 func (sp *splitProcesses) stop() error {
@@ -112,6 +123,7 @@ func (sp *splitProcesses) stop() error {
 			errs = append(errs, fmt.Errorf("bench -split: %s: %w; its output ends:\n%s", sp.names[i], err, out[max(0, len(out)-2000):]))
 		}
 	}
+	_ = os.RemoveAll(sp.dir)
 	return errors.Join(errs...)
 }
 
