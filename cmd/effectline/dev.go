@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"runtime/debug"
 	"strconv"
 	"strings"
 
@@ -17,6 +18,10 @@ import (
 
 // runDev is `effectline dev`: every component in one process, on an embedded
 // Kafka-protocol broker unless EFFECTLINE_KAFKA_BROKERS names a real one.
+// devMemoryLimit is dev's soft memory limit when GOMEMLIMIT is unset. A
+// live heap above it only makes the collector work harder.
+const devMemoryLimit = 256 << 20
+
 func runDev(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlags("dev", stdout, stderr)
 	runDemo := fs.Bool("demo", false, "start demo tools with realistic faults and run the worked example")
@@ -29,6 +34,15 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	cfg, err := app.FromEnv(getenv)
 	if err != nil {
 		return err
+	}
+	// dev has no container limit to size GOMEMLIMIT from, and the binary's
+	// GOGC=400 (main) alone lets the heap reach five times its live size:
+	// a 500/s soak held 600 MB of RSS for 90 MB live. A soft limit keeps
+	// GOGC=400's CPU saving while the heap is small, and collects sooner
+	// near the limit (the same soak: 310 MB of RSS, about 10 % more CPU).
+	// The runtime has already read a GOMEMLIMIT that is set.
+	if getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(devMemoryLimit)
 	}
 	if *toolsFile != "" {
 		cfg.ToolsFile = *toolsFile

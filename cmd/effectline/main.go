@@ -32,14 +32,6 @@ func main() {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(defaultGOGC)
 	}
-	// dev has no container limit to size GOMEMLIMIT from, and GOGC=400
-	// alone lets the heap reach five times its live size: a 500/s soak
-	// held 600 MB of RSS for 90 MB live. A soft limit keeps GOGC=400's
-	// CPU saving while the heap is small, and collects sooner near the
-	// limit (the same soak: 310 MB of RSS, about 10 % more CPU).
-	if len(os.Args) > 1 && os.Args[1] == "dev" && os.Getenv("GOMEMLIMIT") == "" {
-		debug.SetMemoryLimit(devMemoryLimit)
-	}
 	// sarama times every Kafka request into go-metrics histograms (a
 	// sample heap updated under a lock) that nothing in effectline reads;
 	// they held 3 % of a CPU profile of the bench at 500/s (an A/B of
@@ -74,10 +66,6 @@ var errHelp = errors.New("help")
 
 // defaultGOGC is the GC target when GOGC is unset (see main).
 const defaultGOGC = 400
-
-// devMemoryLimit is dev's soft memory limit when GOMEMLIMIT is unset (see
-// main). A live heap above it only makes the collector work harder.
-const devMemoryLimit = 256 << 20
 
 const usage = `effectline runs the side effects AI agents ask for, exactly once where it matters.
 

@@ -38,7 +38,7 @@ type EmbeddedBroker struct {
 // so a loop here tells it). A consumer further behind than that loses the
 // messages from Kafka only: an intent dropped unread is still found by the
 // executor's due-time poller, and the read model can be rebuilt from the
-// journal (`effectline rebuild`). retention <= 0 means
+// journal (`effectline projector rebuild`). retention <= 0 means
 // DefaultEmbeddedRetention.
 func StartEmbeddedBroker(partitions int32, retention time.Duration) (*EmbeddedBroker, error) {
 	if partitions <= 0 {

@@ -182,10 +182,11 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 		for _, addr := range sp.apiAddrs {
 			bc.apiBase = append(bc.apiBase, "http://"+addr)
 		}
-		bc.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	}
 	if addr := a.APIAddr(); addr != "" {
 		bc.apiBase = []string{"http://" + addr}
+	}
+	if len(bc.apiBase) > 0 {
 		bc.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	}
 	runCtx, stop := context.WithCancel(ctx)

@@ -19,19 +19,26 @@ import (
 )
 
 // splitComponents are the processes of -split, one component each, as the
-// Kubernetes manifests deploy them. The API is last: it is started once
-// the others are running, and its address is where the bench posts.
+// Kubernetes manifests deploy them.
 var splitComponents = []string{app.Relay, app.Executor, app.Projector, app.Reconciler, app.API}
 
 // splitProcesses are the children of a -split run.
 type splitProcesses struct {
-	procs    []*exec.Cmd
-	exits    []chan error // each receives its child's Wait, once
-	logs     []*syncBuffer
-	names    []string
+	children []*child
 	apiAddrs []string
 	dir      string // the tools file's
 }
+
+// child is one `effectline run --components <c>` process.
+type child struct {
+	name string // component and replica, for errors
+	cmd  *exec.Cmd
+	out  *syncBuffer // its stdout and stderr
+	exit chan error  // receives its Wait, once; left there for stop
+}
+
+// exited says whether the child has ended.
+func (c *child) exited() bool { return len(c.exit) > 0 }
 
 // startSplit starts replicas processes of `effectline run --components <c>`
 // for every component, from this very binary, on the bench's database,
@@ -46,11 +53,12 @@ func startSplit(ctx context.Context, cfg app.Config, toolsYAML string, replicas 
 	if err != nil {
 		return nil, err
 	}
+	sp := &splitProcesses{dir: dir}
 	tools := filepath.Join(dir, "tools.yaml")
 	if err := os.WriteFile(tools, []byte(toolsYAML), 0o600); err != nil {
+		sp.stop()
 		return nil, err
 	}
-	sp := &splitProcesses{dir: dir}
 	for _, c := range splitComponents {
 		for r := range replicas {
 			if err := sp.start(ctx, self, c, r, cfg, tools); err != nil {
@@ -60,10 +68,10 @@ func startSplit(ctx context.Context, cfg app.Config, toolsYAML string, replicas 
 		}
 	}
 	deadline := time.Now().Add(60 * time.Second)
-	for i, out := range sp.logs {
-		for !strings.Contains(out.String(), `"msg":"effectline running"`) {
-			if time.Now().After(deadline) || exited(sp.exits[i]) {
-				err := fmt.Errorf("bench -split: %s did not start; its output:\n%s", sp.names[i], out.String())
+	for _, c := range sp.children {
+		for !strings.Contains(c.out.String(), `"msg":"effectline running"`) {
+			if time.Now().After(deadline) || c.exited() {
+				err := fmt.Errorf("bench -split: %s did not start; its output:\n%s", c.name, c.out.String())
 				sp.stop()
 				return nil, err
 			}
@@ -93,17 +101,15 @@ func (sp *splitProcesses) start(ctx context.Context, self, c string, r int, cfg 
 	}
 	cmd := exec.CommandContext(ctx, self, "run", "--components", c)
 	cmd.Env = env
-	out := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
+	ch := &child{name: fmt.Sprintf("%s #%d", c, r+1), cmd: cmd, out: &syncBuffer{}, exit: make(chan error, 1)}
+	cmd.Stdout, cmd.Stderr = ch.out, ch.out
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 15 * time.Second
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("bench -split: starting %s: %w", c, err)
+		return fmt.Errorf("bench -split: starting %s: %w", ch.name, err)
 	}
-	exit := make(chan error, 1)
-	go func() { exit <- cmd.Wait() }()
-	sp.procs, sp.exits = append(sp.procs, cmd), append(sp.exits, exit)
-	sp.logs, sp.names = append(sp.logs, out), append(sp.names, fmt.Sprintf("%s #%d", c, r+1))
+	go func() { ch.exit <- cmd.Wait() }()
+	sp.children = append(sp.children, ch)
 	if c == app.API {
 		sp.apiAddrs = append(sp.apiAddrs, addr)
 	}
@@ -113,14 +119,14 @@ func (sp *splitProcesses) start(ctx context.Context, self, c string, r int, cfg 
 // stop sends every child SIGTERM and waits for it. A child that failed is
 // reported with the end of its output.
 func (sp *splitProcesses) stop() error {
-	for _, p := range sp.procs {
-		_ = p.Process.Signal(syscall.SIGTERM)
+	for _, c := range sp.children {
+		_ = c.cmd.Process.Signal(syscall.SIGTERM)
 	}
 	var errs []error
-	for i, exit := range sp.exits {
-		if err := <-exit; err != nil {
-			out := sp.logs[i].String()
-			errs = append(errs, fmt.Errorf("bench -split: %s: %w; its output ends:\n%s", sp.names[i], err, out[max(0, len(out)-2000):]))
+	for _, c := range sp.children {
+		if err := <-c.exit; err != nil {
+			out := c.out.String()
+			errs = append(errs, fmt.Errorf("bench -split: %s: %w; its output ends:\n%s", c.name, err, out[max(0, len(out)-2000):]))
 		}
 	}
 	_ = os.RemoveAll(sp.dir)
@@ -130,12 +136,12 @@ func (sp *splitProcesses) stop() error {
 // cpu is the CPU time the children have used so far, from /proc; zero
 // without children.
 func (sp *splitProcesses) cpu() time.Duration {
-	var total time.Duration
 	if sp == nil {
 		return 0
 	}
-	for _, p := range sp.procs {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Process.Pid))
+	var total time.Duration
+	for _, c := range sp.children {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.cmd.Process.Pid))
 		if err != nil {
 			continue
 		}
@@ -148,15 +154,11 @@ func (sp *splitProcesses) cpu() time.Duration {
 		}
 		for _, v := range f[11:13] {
 			n, _ := strconv.ParseInt(v, 10, 64)
-			total += time.Duration(n) * 10 * time.Millisecond
+			total += time.Duration(n) * 10 * time.Millisecond // USER_HZ, as in machineBusy
 		}
 	}
 	return total
 }
-
-// exited says whether a child has ended; its Wait stays in the channel
-// for stop.
-func exited(exit chan error) bool { return len(exit) > 0 }
 
 func freeAddr() (string, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
