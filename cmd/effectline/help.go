@@ -81,6 +81,6 @@ var envHelp = map[string]string{
 	app.EnvCommitWindow:       "the journal committer's pacing window, 0 to 1s (0: none)",
 	app.EnvRetention:          "dedup_window of tools that name none (default 720h)",
 	app.EnvTombstoneRetention: "how long a pruned operation's tombstone is kept (default forever)",
-	app.EnvEmbeddedRetention:  "how long the embedded broker keeps a message: it holds them in memory (default 2m)",
+	app.EnvEmbeddedRetention:  "how long the embedded broker keeps a message every live consumer group has read (default 2m)",
 	envOTEL:                   "the standard OpenTelemetry variables; traces are exported only when an endpoint is set",
 }

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
@@ -34,12 +35,15 @@ type EmbeddedBroker struct {
 
 // StartEmbeddedBroker starts the embedded broker with a retention bound: a
 // message older than retention is dropped within a few seconds, as a real
-// broker with retention.ms would (kfake applies retention only when told,
-// so a loop here tells it). A consumer further behind than that loses the
-// messages from Kafka only: an intent dropped unread is still found by the
-// executor's due-time poller, and the read model can be rebuilt from the
-// journal (`effectline projector rebuild`). retention <= 0 means
-// DefaultEmbeddedRetention.
+// broker with retention.ms would, unless a consumer group with live
+// members has not read it yet. Kafka drops by age alone; here the group
+// bound is kept because dev's clock is a laptop's: after a sleep the wall
+// clock jumps and every unread message is "old" at once, and a dev stalled
+// behind its broker (seen after a pause of this machine: every group's
+// messages gone, the executor's intents left to its poller and the read
+// model stale until `effectline projector rebuild`) is worse than a few
+// more megabytes of disk. Groups without members (an abandoned kcat, say)
+// hold nothing back. retention <= 0 means DefaultEmbeddedRetention.
 func StartEmbeddedBroker(partitions int32, retention time.Duration) (*EmbeddedBroker, error) {
 	if partitions <= 0 {
 		partitions = 12
@@ -55,11 +59,11 @@ func StartEmbeddedBroker(partitions int32, retention time.Duration) (*EmbeddedBr
 		kfake.NumBrokers(1),
 		kfake.DataDir(dir),
 		kfake.DefaultNumPartitions(int(partitions)),
-		// Retention drops whole batches of the segments it has, and the
-		// default segment is 100 MB per partition: small segments let it
-		// drop as it goes.
+		// The trimming loop below deletes records (kfake's own
+		// retention would drop by age alone, so log.retention.ms is not
+		// set); whole segments are freed, and the default segment is
+		// 100 MB per partition: small segments free space as it goes.
 		kfake.BrokerConfigs(map[string]string{
-			"log.retention.ms":  strconv.FormatInt(retention.Milliseconds(), 10),
 			"log.segment.bytes": strconv.Itoa(1 << 20),
 		}),
 		kfake.ListenFn(func(network, address string) (net.Listener, error) {
@@ -75,22 +79,158 @@ func StartEmbeddedBroker(partitions int32, retention time.Duration) (*EmbeddedBr
 		return nil, fmt.Errorf("starting the embedded broker: %w", err)
 	}
 	b := &EmbeddedBroker{Cluster: c, dir: dir, stop: make(chan struct{}), done: make(chan struct{})}
-	go b.applyRetention(min(retention/4, 5*time.Second))
+	go b.trimLoop(retention, min(retention/4, 5*time.Second))
 	return b, nil
 }
 
-func (b *EmbeddedBroker) applyRetention(every time.Duration) {
+func (b *EmbeddedBroker) trimLoop(retention, every time.Duration) {
 	defer close(b.done)
 	t := time.NewTicker(every)
 	defer t.Stop()
+	var tr *trimmer
+	defer func() {
+		if tr != nil {
+			tr.close()
+		}
+	}()
 	for {
 		select {
 		case <-b.stop:
 			return
 		case <-t.C:
-			b.ApplyRetention()
+			if tr == nil {
+				var err error
+				if tr, err = newTrimmer(b.ListenAddrs()); err != nil {
+					continue // the broker is not answering yet; next tick
+				}
+			}
+			// An error leaves the messages for the next tick: trimming
+			// late costs disk, never a message.
+			_ = tr.trim(time.Now().Add(-retention))
 		}
 	}
+}
+
+// trimmer deletes, partition by partition, the records older than a time
+// that every live consumer group has read past, talking Kafka's protocol
+// to the broker it trims (as an operator's tool would to a real one).
+type trimmer struct {
+	client sarama.Client
+	admin  sarama.ClusterAdmin
+}
+
+func newTrimmer(addrs []string) (*trimmer, error) {
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V2_8_0_0
+	sc.ClientID = "effectline-embedded-trimmer"
+	client, err := sarama.NewClient(addrs, sc)
+	if err != nil {
+		return nil, err
+	}
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	return &trimmer{client: client, admin: admin}, nil
+}
+
+func (t *trimmer) close() { _ = t.admin.Close() }
+
+func (t *trimmer) trim(before time.Time) error {
+	read, err := t.readByLiveGroups()
+	if err != nil {
+		return err
+	}
+	if err := t.client.RefreshMetadata(); err != nil {
+		return err
+	}
+	topics, err := t.client.Topics()
+	if err != nil {
+		return err
+	}
+	for _, topic := range topics {
+		partitions, err := t.client.Partitions(topic)
+		if err != nil {
+			return err
+		}
+		cut := map[int32]int64{}
+		for _, p := range partitions {
+			oldest, err := t.client.GetOffset(topic, p, sarama.OffsetOldest)
+			if err != nil {
+				return err
+			}
+			// The first offset at or after before; none means every
+			// message is older.
+			upTo, err := t.client.GetOffset(topic, p, before.UnixMilli())
+			if err != nil {
+				return err
+			}
+			if upTo < 0 {
+				if upTo, err = t.client.GetOffset(topic, p, sarama.OffsetNewest); err != nil {
+					return err
+				}
+			}
+			upTo = trimPoint(upTo, read[topic], p)
+			if upTo > oldest {
+				cut[p] = upTo
+			}
+		}
+		if len(cut) > 0 {
+			if err := t.admin.DeleteRecords(topic, cut); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// trimPoint bounds the age cut of partition p by what each group reading
+// the topic has committed there (a group that reads the topic but has
+// committed nothing in p has read nothing of it).
+func trimPoint(aged int64, groups []map[int32]int64, p int32) int64 {
+	for _, committed := range groups {
+		aged = min(aged, max(committed[p], 0))
+	}
+	return aged
+}
+
+// readByLiveGroups returns, per topic, the committed offsets of each group
+// with members that has committed any offset on it.
+func (t *trimmer) readByLiveGroups() (map[string][]map[int32]int64, error) {
+	groups, err := t.admin.ListConsumerGroups()
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(groups))
+	for g := range groups {
+		names = append(names, g)
+	}
+	read := map[string][]map[int32]int64{}
+	if len(names) == 0 {
+		return read, nil
+	}
+	described, err := t.admin.DescribeConsumerGroups(names)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range described {
+		if len(d.Members) == 0 {
+			continue
+		}
+		offsets, err := t.admin.ListConsumerGroupOffsets(d.GroupId, nil)
+		if err != nil {
+			return nil, err
+		}
+		for topic, blocks := range offsets.Blocks {
+			committed := map[int32]int64{}
+			for p, b := range blocks {
+				committed[p] = b.Offset
+			}
+			read[topic] = append(read[topic], committed)
+		}
+	}
+	return read, nil
 }
 
 // Close stops the retention loop and the broker, and removes its log.

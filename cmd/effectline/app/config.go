@@ -42,7 +42,8 @@ const (
 	EnvRetention          = "EFFECTLINE_RETENTION"
 	EnvTombstoneRetention = "EFFECTLINE_TOMBSTONE_RETENTION"
 	// EnvEmbeddedRetention is how long dev's embedded broker keeps a
-	// message (default DefaultEmbeddedRetention).
+	// message that every live consumer group has read (default
+	// DefaultEmbeddedRetention).
 	EnvEmbeddedRetention = "EFFECTLINE_EMBEDDED_RETENTION"
 	DefaultDatabaseURL   = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 	DefaultHTTPAddr      = "127.0.0.1:8080"

@@ -141,12 +141,9 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 		cfg.PruneInterval = bc.pruneInterval()
 	}
 	if len(cfg.KafkaBrokers) == 0 {
-		// The embedded broker keeps every message in memory; a retention
-		// of twice the longest an operation may take before a soak counts
-		// it as lost bounds the bench's memory by time, not by -n, and
-		// leaves every consumer within two minutes of the head its
-		// messages (an intent dropped unread is still found by the
-		// executor's due-time poller).
+		// A retention of twice the longest an operation may take before
+		// a soak counts it as lost bounds the broker's log by time, not
+		// by -n; the broker keeps what a consumer group has not read.
 		cluster, err := app.StartEmbeddedBroker(cfg.Partitions, 2*soakLostAfter)
 		if err != nil {
 			return err
