@@ -184,7 +184,14 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 		bc.apiBase = []string{"http://" + addr}
 	}
 	if len(bc.apiBase) > 0 {
-		bc.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+		// At most 1,024 connections per API: a rate the machine cannot
+		// carry (2,000/s with waits on a slow host) otherwise opens one
+		// per request in flight until the process, which also serves
+		// them, runs out of file descriptors and the bench dies. Past
+		// the bound the POSTs queue in the client, and their latency,
+		// timed from before the queue, says so.
+		bc.client = &http.Client{Timeout: 30 * time.Second,
+			Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxConnsPerHost: 1024}}
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
