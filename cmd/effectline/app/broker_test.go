@@ -29,29 +29,8 @@ func TestEmbeddedBrokerDropsOldMessages(t *testing.T) {
 	sc.Version = sarama.V2_8_0_0
 	sc.Producer.Return.Successes = true
 	addrs := b.ListenAddrs()
-	admin, err := sarama.NewClusterAdmin(addrs, sc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	if err := admin.CreateTopic("t", &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false); err != nil {
-		t.Fatal(err)
-	}
-	client, err := sarama.NewClient(addrs, sc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	pr, err := sarama.NewSyncProducerFromClient(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pr.Close()
-	for range 10 {
-		if _, _, err := pr.SendMessage(&sarama.ProducerMessage{Topic: "t", Value: sarama.StringEncoder("x")}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	client, send := topicT(t, addrs, sc)
+	send(10)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		oldest, err := client.GetOffset("t", 0, sarama.OffsetOldest)
@@ -66,7 +45,6 @@ func TestEmbeddedBrokerDropsOldMessages(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	client.Close()
 	b.Close()
 	closed = true
 	if _, err := os.Stat(b.dir); !os.IsNotExist(err) {
@@ -90,24 +68,7 @@ func TestEmbeddedBrokerKeepsUnreadMessages(t *testing.T) {
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
 	sc.Consumer.Offsets.AutoCommit.Interval = 50 * time.Millisecond
 	addrs := b.ListenAddrs()
-	admin, err := sarama.NewClusterAdmin(addrs, sc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	if err := admin.CreateTopic("t", &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false); err != nil {
-		t.Fatal(err)
-	}
-	client, err := sarama.NewClient(addrs, sc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	pr, err := sarama.NewSyncProducerFromClient(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pr.Close()
+	client, send := topicT(t, addrs, sc)
 	// A live member that reads three messages, then stops reading until
 	// told to go on.
 	group, err := sarama.NewConsumerGroup(addrs, "slow", sc)
@@ -129,11 +90,7 @@ func TestEmbeddedBrokerKeepsUnreadMessages(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the group did not join within 10 s")
 	}
-	for range 10 {
-		if _, _, err := pr.SendMessage(&sarama.ProducerMessage{Topic: "t", Value: sarama.StringEncoder("x")}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	send(10)
 
 	oldest := func() int64 {
 		o, err := client.GetOffset("t", 0, sarama.OffsetOldest)
@@ -188,4 +145,35 @@ func (h *slowHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim saram
 		sess.MarkMessage(m, "")
 	}
 	return nil
+}
+
+// topicT creates the one-partition topic "t" on the broker at addrs and
+// returns a client and a function that sends n messages to it.
+func topicT(t *testing.T, addrs []string, sc *sarama.Config) (sarama.Client, func(n int)) {
+	t.Helper()
+	admin, err := sarama.NewClusterAdmin(addrs, sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := admin.CreateTopic("t", &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false); err != nil {
+		t.Fatal(err)
+	}
+	client, err := sarama.NewClient(addrs, sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	pr, err := sarama.NewSyncProducerFromClient(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pr.Close() })
+	return client, func(n int) {
+		for range n {
+			if _, _, err := pr.SendMessage(&sarama.ProducerMessage{Topic: "t", Value: sarama.StringEncoder("x")}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 }
