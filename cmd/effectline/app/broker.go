@@ -38,11 +38,11 @@ type EmbeddedBroker struct {
 // broker with retention.ms would, unless a consumer group with live
 // members has not read it yet. Kafka drops by age alone; here the group
 // bound is kept because dev's clock is a laptop's: after a sleep the wall
-// clock jumps and every unread message is "old" at once, and a dev stalled
-// behind its broker (seen after a pause of this machine: every group's
-// messages gone, the executor's intents left to its poller and the read
-// model stale until `effectline projector rebuild`) is worse than a few
-// more megabytes of disk. Groups without members (an abandoned kcat, say)
+// clock jumps and every unread message is "old" at once. After a pause of
+// this machine in a dev run, every group's position had fallen off the log
+// within one millisecond (the executor's intents then wait for its poller,
+// the read model for `effectline projector rebuild`): a few more megabytes
+// of disk are cheaper. Groups without members (an abandoned kcat, say)
 // hold nothing back. retention <= 0 means DefaultEmbeddedRetention.
 func StartEmbeddedBroker(partitions int32, retention time.Duration) (*EmbeddedBroker, error) {
 	if partitions <= 0 {
