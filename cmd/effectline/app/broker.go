@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/effectline/effectline/internal/kafka"
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
@@ -120,9 +121,8 @@ type trimmer struct {
 }
 
 func newTrimmer(addrs []string) (*trimmer, error) {
-	sc := sarama.NewConfig()
-	sc.Version = sarama.V2_8_0_0
-	sc.ClientID = "effectline-embedded-trimmer"
+	sc := kafka.Config{Brokers: addrs, ClientID: "effectline-embedded-trimmer"}.Sarama()
+	sc.Admin.Timeout = 5 * time.Second
 	client, err := sarama.NewClient(addrs, sc)
 	if err != nil {
 		return nil, err
