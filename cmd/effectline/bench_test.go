@@ -77,6 +77,45 @@ func TestBenchWorkflowsSmoke(t *testing.T) {
 	}
 }
 
+// TestBenchHistory runs a bench against a seeded history: the copies must
+// pass the bench's own check that each is the fold of its events with a
+// downstream id of its own (the run fails otherwise), the sizes line must
+// count them, and the measured run must complete as on a fresh database.
+func TestBenchHistory(t *testing.T) {
+	t.Parallel()
+	seeded := regexp.MustCompile(`^history: (\d+) settled operations copied from (\d+) the warm-up ran in `)
+	sizes := regexp.MustCompile(`^history: tables operations \d+ MB \(idx \d+ MB\) events \d+ MB \(idx \d+ MB\) operation_state \d+ MB \(idx \d+ MB\); (\d+) bytes per retained operation$`)
+	last := regexp.MustCompile(`^bench: ops=(\d+) throughput=[\d.]+/s p50=[\d.]+ms p95=[\d.]+ms p99=[\d.]+ms tx_per_op=[\d.]+ duplicates=(\d+) lost=(\d+)$`)
+	p := start(t, "bench-history", map[string]string{envDatabaseURL: testenv.DatabaseURL()},
+		"bench", "-n", "200", "-rate", "200", "-warmup", "30", "-history", "2000")
+	m := p.waitLine(last, 3*time.Minute)
+	if m[1] != "200" || m[2] != "0" || m[3] != "0" {
+		t.Fatalf("bench reported ops=%s duplicates=%s lost=%s", m[1], m[2], m[3])
+	}
+	if err := p.wait(time.Minute); err != nil {
+		t.Fatalf("bench exited with %v", err)
+	}
+	var sawSeeded, sawSizes bool
+	for _, line := range strings.Split(p.output(), "\n") {
+		line = strings.TrimSpace(line)
+		if s := seeded.FindStringSubmatch(line); s != nil {
+			sawSeeded = true
+			if s[1] != "2000" || s[2] != "30" {
+				t.Errorf("seeded %s copies of %s operations, want 2000 of the warm-up's 30", s[1], s[2])
+			}
+		}
+		if s := sizes.FindStringSubmatch(line); s != nil {
+			sawSizes = true
+			if b, _ := strconv.Atoi(s[1]); b < 500 {
+				t.Errorf("%d bytes per retained operation: the sizes do not count the history", b)
+			}
+		}
+	}
+	if !sawSeeded || !sawSizes {
+		t.Fatalf("no history lines (seeded %t, sizes %t):\n%s", sawSeeded, sawSizes, p.output())
+	}
+}
+
 // TestBenchSoak runs the soak mode briefly with pruning on and parses its
 // window lines: one per window, each with the table sizes from the catalog
 // and the memory of the process, then a summary with no duplicate and no

@@ -66,6 +66,10 @@ type Config struct {
 	Retention          time.Duration
 	TombstoneRetention time.Duration
 
+	// History > 0 seeds that many settled operations, copies of the
+	// warm-up's, before the measured run (history.go).
+	History int
+
 	// Split runs each component in a process of its own (-via http only):
 	// `effectline run --components <c>` children of this binary, as the
 	// Kubernetes manifests deploy them; the bench keeps the agent, the
@@ -104,13 +108,15 @@ func (s *waitStats) add(d time.Duration, status int) {
 
 // ErrConfig says a Config field is out of range.
 var ErrConfig = errors.New("-n, -batch and -concurrency must be positive, -rate and -warmup not negative, -via outbox or http, -wait only with -via http; " +
-	"-duration (a soak) needs -rate > 0, -via outbox and a positive -window; -retention and -tombstone-retention not negative; -split only with -via http and without -duration, -replicas only with -split")
+	"-duration (a soak) needs -rate > 0, -via outbox and a positive -window; -retention and -tombstone-retention not negative; -split only with -via http and without -duration, -replicas only with -split; " +
+	"-history not negative, with -warmup > 0 and without -duration")
 
 func (bc Config) check() error {
 	if bc.N <= 0 || bc.Batch <= 0 || bc.Concurrency <= 0 || bc.Rate < 0 || bc.Warmup < 0 || (bc.Via != "outbox" && bc.Via != "http") ||
 		(bc.Wait && bc.Via != "http") || bc.Duration < 0 || bc.Retention < 0 || bc.TombstoneRetention < 0 ||
 		(bc.Duration > 0 && (bc.Rate == 0 || bc.Via != "outbox" || bc.Window <= 0)) ||
-		(bc.Split && (bc.Via != "http" || bc.Duration > 0)) || (bc.Replicas > 1 && !bc.Split) || bc.Replicas < 0 {
+		(bc.Split && (bc.Via != "http" || bc.Duration > 0)) || (bc.Replicas > 1 && !bc.Split) || bc.Replicas < 0 ||
+		bc.History < 0 || (bc.History > 0 && (bc.Warmup == 0 || bc.Duration > 0)) {
 		return ErrConfig
 	}
 	return nil
@@ -209,6 +215,17 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 		warm := newTracker(wc.N, wc.effectiveBatch(), warmupKey)
 		if err := wc.runUntilDone(ctx, runCtx, a, sink, warm, new(atomic.Int64), io.Discard); err != nil {
 			return fmt.Errorf("bench: warming up: %w", err)
+		}
+	}
+	if bc.History > 0 {
+		if err := seedHistory(ctx, a.Pool, warmupKeyPrefix, bc.History, cmp.Or(bc.Rate, 500), stderr, stdout); err != nil {
+			return err
+		}
+		if err := checkHistory(ctx, a, bc.History); err != nil {
+			return err
+		}
+		if err := printHistorySizes(ctx, a, bc.History, bc.Warmup, stdout); err != nil {
+			return err
 		}
 	}
 	warmupCalls := sink.calls.Load()
@@ -324,8 +341,12 @@ func (bc Config) effectiveBatch() int {
 // benchKeyPrefix begins every measured operation's key.
 const benchKeyPrefix = "bench/op-"
 
-func benchKey(i int) string  { return fmt.Sprintf(benchKeyPrefix+"%07d", i) }
-func warmupKey(i int) string { return fmt.Sprintf("bench/warmup-%07d", i) }
+func benchKey(i int) string { return fmt.Sprintf(benchKeyPrefix+"%07d", i) }
+
+// warmupKeyPrefix begins every warm-up operation's key.
+const warmupKeyPrefix = "bench/warmup-"
+
+func warmupKey(i int) string { return fmt.Sprintf(warmupKeyPrefix+"%07d", i) }
 
 // runUntilDone submits bc.N intents named by tr's keys and waits until
 // the read model shows every one of them settled. The progress check asks

@@ -1,0 +1,223 @@
+package loadgen
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/effectline/effectline/cmd/effectline/app"
+)
+
+// History: `bench -history N` measures a run against a database that
+// already holds N settled operations, the state a deployment reaches after
+// weeks of traffic inside the tools' dedup windows, without spending hours
+// of real traffic to get there (5 million operations at 500/s is 2.8 h).
+//
+// The history is copied from operations the pipeline really ran (the
+// warm-up's), so every row has the shape, the sizes and the JSON that
+// real traffic leaves: the head row in operations, each event in events,
+// the read-model row in operation_state. Each copy gets a key of its own
+// (a hash, so the keys land all over the primary keys' B-trees as random
+// agent keys do, not appended in order), a downstream id of its own (the
+// downstream-id index sees distinct values, as it would), fresh event ids,
+// and timestamps spread over the past at the given rate, older than any
+// run. The copies are settled and have no outbox rows, no due time and no
+// lease, so no component has work for them; they are what every index,
+// every plan and every cache has to live with.
+//
+// After the copy, the tables are vacuumed and analyzed and a checkpoint is
+// taken: a production server's autovacuum does both to insert-only tables
+// (PostgreSQL 13 on), and the checkpoint keeps the seeding's WAL from
+// being written out during the measured run. The shared CI server runs
+// with autovacuum off, so without this the run would measure a state no
+// production server is in.
+
+// historyBatch is how many operations one seeding transaction copies: big
+// enough that the statements' overhead vanishes, small enough that
+// progress shows and a transaction stays a few seconds long.
+const historyBatch = 50_000
+
+// historyTemplatesSQL numbers the settled operations the copies are made
+// of.
+const historyTemplatesSQL = `
+CREATE TEMPORARY TABLE history_template ON COMMIT PRESERVE ROWS AS
+SELECT (row_number() OVER (ORDER BY operation_key) - 1)::bigint AS idx,
+       operation_key AS src, record->>'downstream_id' AS did
+  FROM operations
+ WHERE starts_with(operation_key, $1) AND status IN ('completed', 'failed', 'compensated')`
+
+// historyCopiesSQL names copies $1 … $2-1: copy i is made of template
+// i mod $6 and dated $3 - ($4 - i) × $5, so the last copy is the newest and
+// still older than $3.
+const historyCopiesSQL = `
+CREATE TEMPORARY TABLE history_copy ON COMMIT DROP AS
+SELECT t.src, t.did, 'history/' || md5(i::text) AS key, 'hist_' || i AS newdid,
+       $3::timestamptz - ($4::bigint - i) * $5::interval AS at
+  FROM generate_series($1::bigint, $2::bigint - 1) i
+  JOIN history_template t ON t.idx = i % $6`
+
+// historyRewrite replaces, in a JSON text x, the template's key with the
+// copy's and its downstream id (when it has one) with the copy's. Both
+// appear in JSON only as whole quoted strings.
+func historyRewrite(x string) string {
+	return `replace(CASE WHEN c.did IS NULL OR c.did = '' THEN ` + x +
+		` ELSE replace(` + x + `, '"' || c.did || '"', '"' || c.newdid || '"') END, '"' || c.src || '"', '"' || c.key || '"')`
+}
+
+var historyCopySQL = []string{
+	`INSERT INTO operations (operation_key, tool, effect_class, payload_hash, status, seq, record, created_at, updated_at)
+SELECT c.key, o.tool, o.effect_class, o.payload_hash, o.status, o.seq, ` + historyRewrite(`o.record::text`) + `::jsonb,
+       c.at, c.at + (o.updated_at - o.created_at)
+  FROM history_copy c JOIN operations o ON o.operation_key = c.src`,
+	// The new event id is made in a subquery of its own so it is made
+	// once per event and written the same into the column and the
+	// envelope.
+	`INSERT INTO events (operation_key, seq, event_id, type, envelope, traceparent, occurred_at)
+SELECT c.key, c.seq, c.id, c.type,
+       convert_to(replace(` + historyRewrite(`convert_from(c.envelope, 'UTF8')`) + `, '"' || c.old_id || '"', '"' || c.id || '"'), 'UTF8'),
+       c.traceparent, c.at
+  FROM (SELECT c.key, c.src, c.did, c.newdid, e.seq, e.event_id AS old_id, gen_random_uuid()::text AS id, e.type,
+               e.envelope, e.traceparent, c.at + (e.occurred_at - o.created_at) AS at
+          FROM history_copy c JOIN operations o ON o.operation_key = c.src
+          JOIN events e ON e.operation_key = c.src) c`,
+	`INSERT INTO operation_state (operation_key, tool, effect_class, payload_hash, principal, status, phase, attempt,
+       result, downstream_id, undo_ref, last_error_class, compensations, evidence, escalation, last_seq, record,
+       created_at, updated_at, projected_at)
+SELECT c.key, s.tool, s.effect_class, s.payload_hash, s.principal, s.status, s.phase, s.attempt,
+       ` + historyRewrite(`s.result::text`) + `::jsonb, CASE WHEN s.downstream_id = '' THEN '' ELSE c.newdid END,
+       s.undo_ref, s.last_error_class, s.compensations, s.evidence, s.escalation, s.last_seq,
+       ` + historyRewrite(`s.record::text`) + `::jsonb,
+       c.at, c.at + (s.updated_at - s.created_at), c.at + (s.projected_at - s.created_at)
+  FROM history_copy c JOIN operation_state s ON s.operation_key = c.src`,
+}
+
+// historyTables are the tables the history fills, vacuumed after it.
+var historyTables = []string{"operations", "events", "operation_state"}
+
+// seedHistory copies the settled operations whose keys start with prefix
+// into n operations of history, dated back at rate per second before now,
+// then vacuums, analyzes and checkpoints; it shows its progress on
+// progressTo and reports what it did to out.
+func seedHistory(ctx context.Context, pool *pgxpool.Pool, prefix string, n, rate int, progressTo, out io.Writer) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("seeding history: %w", err)
+	}
+	defer conn.Release()
+	// The temporary table lives on this connection only; drop it before
+	// the connection goes back to the pool.
+	defer conn.Exec(context.WithoutCancel(ctx), `DROP TABLE IF EXISTS history_template`)
+	tag, err := conn.Exec(ctx, historyTemplatesSQL, prefix)
+	if err != nil {
+		return fmt.Errorf("seeding history: numbering the templates: %w", err)
+	}
+	templates := tag.RowsAffected()
+	if templates == 0 {
+		return fmt.Errorf("seeding history: no settled operation under %q to copy", prefix)
+	}
+	now := time.Now()
+	step := time.Second / time.Duration(max(rate, 1))
+	start := time.Now()
+	for lo := 0; lo < n; lo += historyBatch {
+		hi := min(lo+historyBatch, n)
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			return fmt.Errorf("seeding history: %w", err)
+		}
+		if _, err := tx.Exec(ctx, historyCopiesSQL, lo, hi, now, n, step, templates); err != nil {
+			tx.Rollback(ctx)
+			return fmt.Errorf("seeding history: naming copies %d-%d: %w", lo, hi, err)
+		}
+		for _, q := range historyCopySQL {
+			if _, err := tx.Exec(ctx, q); err != nil {
+				tx.Rollback(ctx)
+				return fmt.Errorf("seeding history: copying %d-%d: %w", lo, hi, err)
+			}
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return fmt.Errorf("seeding history: %w", err)
+		}
+		progress(progressTo, hi, n, time.Since(start))
+	}
+	fmt.Fprintln(progressTo)
+	copied := time.Since(start)
+	start = time.Now()
+	for _, t := range historyTables {
+		if _, err := conn.Exec(ctx, "VACUUM (ANALYZE) "+t); err != nil {
+			return fmt.Errorf("seeding history: vacuuming %s: %w", t, err)
+		}
+	}
+	if _, err := conn.Exec(ctx, "CHECKPOINT"); err != nil {
+		return fmt.Errorf("seeding history: checkpoint: %w", err)
+	}
+	fmt.Fprintf(out, "history: %d settled operations copied from %d the warm-up ran in %.1fs (%.0f/s), vacuumed, analyzed and checkpointed in %.1fs\n",
+		n, templates, copied.Seconds(), float64(n)/copied.Seconds(), time.Since(start).Seconds())
+	return nil
+}
+
+// printHistorySizes prints the tables' sizes after seeding and the disk
+// each retained operation takes, which the warm-up's operations share.
+func printHistorySizes(ctx context.Context, a *app.App, history, warmup int, out io.Writer) error {
+	sizes, err := tableSizes(ctx, a)
+	if err != nil {
+		return fmt.Errorf("bench: reading table sizes: %w", err)
+	}
+	var total int64
+	fmt.Fprint(out, "history: tables")
+	for _, t := range historyTables {
+		s := sizes[t]
+		total += s.total
+		fmt.Fprintf(out, " %s %.0f MB (idx %.0f MB)", t, mb(s.total), mb(s.indexes))
+	}
+	fmt.Fprintf(out, "; %.0f bytes per retained operation\n", float64(total)/float64(history+warmup))
+	return nil
+}
+
+// historySamples is how many copies checkHistory folds.
+const historySamples = 25
+
+// checkHistory proves the copies are operations the components could have
+// written: for copies spread over the history, the fold of the journaled
+// events equals the head record, and without the args (the read model holds
+// none) the read-model record. A rewrite that missed a key, an event id or
+// a downstream id shows here.
+func checkHistory(ctx context.Context, a *app.App, n int) error {
+	for i := 0; i < historySamples; i++ {
+		var key string
+		idx := int64(i) * int64(n-1) / (historySamples - 1)
+		if err := a.Pool.QueryRow(ctx, `SELECT 'history/' || md5($1::bigint::text)`, idx).Scan(&key); err != nil {
+			return fmt.Errorf("bench: checking history: %w", err)
+		}
+		op, err := a.Store.Replay(ctx, key)
+		if err != nil {
+			return fmt.Errorf("bench: checking history: %w", err)
+		}
+		head, err := json.Marshal(op)
+		if err != nil {
+			return err
+		}
+		op.Args = nil
+		read, err := json.Marshal(op)
+		if err != nil {
+			return err
+		}
+		var same, sameRead, distinct bool
+		err = a.Pool.QueryRow(ctx, `
+SELECT o.record = $2::jsonb, s.record = $3::jsonb,
+       (SELECT count(*) FROM operations d WHERE d.tool = o.tool AND d.record->>'downstream_id' = o.record->>'downstream_id') = 1
+  FROM operations o JOIN operation_state s USING (operation_key)
+ WHERE o.operation_key = $1`, key, string(head), string(read)).Scan(&same, &sameRead, &distinct)
+		if err != nil {
+			return fmt.Errorf("bench: checking history copy %s: %w", key, err)
+		}
+		if !same || !sameRead || !distinct {
+			return fmt.Errorf("bench: history copy %s is not what the components would have written (head record is the fold: %t, read model: %t, downstream id its own: %t)",
+				key, same, sameRead, distinct)
+		}
+	}
+	return nil
+}
