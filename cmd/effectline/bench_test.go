@@ -1,11 +1,14 @@
 package main
 
 import (
+	"context"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/effectline/effectline/internal/testenv"
 )
@@ -81,13 +84,29 @@ func TestBenchWorkflowsSmoke(t *testing.T) {
 // pass the bench's own check that each is the fold of its events with a
 // downstream id of its own (the run fails otherwise), the sizes line must
 // count them, and the measured run must complete as on a fresh database.
+// The database is kept, and a second run in it (-in) must run every
+// operation anew under keys of its own rather than answer from the first
+// run's stored results.
 func TestBenchHistory(t *testing.T) {
 	t.Parallel()
+	kept := regexp.MustCompile(`^bench: the database (effectline_bench_[0-9a-f]+) is kept`)
 	seeded := regexp.MustCompile(`^history: (\d+) settled operations copied from (\d+) the warm-up ran in `)
 	sizes := regexp.MustCompile(`^history: tables operations \d+ MB \(idx \d+ MB\) events \d+ MB \(idx \d+ MB\) operation_state \d+ MB \(idx \d+ MB\); (\d+) bytes per retained operation$`)
 	last := regexp.MustCompile(`^bench: ops=(\d+) throughput=[\d.]+/s p50=[\d.]+ms p95=[\d.]+ms p99=[\d.]+ms tx_per_op=[\d.]+ duplicates=(\d+) lost=(\d+)$`)
 	p := start(t, "bench-history", map[string]string{envDatabaseURL: testenv.DatabaseURL()},
-		"bench", "-n", "200", "-rate", "200", "-warmup", "30", "-history", "2000")
+		"bench", "-n", "200", "-rate", "200", "-warmup", "30", "-history", "2000", "-keep")
+	db := p.waitLine(kept, time.Minute)[1]
+	t.Cleanup(func() {
+		conn, err := pgx.Connect(context.Background(), testenv.DatabaseURL())
+		if err != nil {
+			t.Errorf("dropping the kept database: %v", err)
+			return
+		}
+		defer conn.Close(context.Background())
+		if _, err := conn.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)"); err != nil {
+			t.Errorf("dropping the kept database: %v", err)
+		}
+	})
 	m := p.waitLine(last, 3*time.Minute)
 	if m[1] != "200" || m[2] != "0" || m[3] != "0" {
 		t.Fatalf("bench reported ops=%s duplicates=%s lost=%s", m[1], m[2], m[3])
@@ -113,6 +132,19 @@ func TestBenchHistory(t *testing.T) {
 	}
 	if !sawSeeded || !sawSizes {
 		t.Fatalf("no history lines (seeded %t, sizes %t):\n%s", sawSeeded, sawSizes, p.output())
+	}
+
+	again := start(t, "bench-in", map[string]string{envDatabaseURL: testenv.DatabaseURL()},
+		"bench", "-n", "200", "-warmup", "10", "-in", db)
+	m = again.waitLine(last, 3*time.Minute)
+	if m[1] != "200" || m[2] != "0" || m[3] != "0" {
+		t.Fatalf("bench -in reported ops=%s duplicates=%s lost=%s", m[1], m[2], m[3])
+	}
+	if !regexp.MustCompile(`(?m)^completed 200 of 200 in [\d.]+s; tool calls 200, effects 200$`).MatchString(again.output()) {
+		t.Errorf("bench -in did not call the tool once per operation:\n%s", again.output())
+	}
+	if err := again.wait(time.Minute); err != nil {
+		t.Fatalf("bench -in exited with %v", err)
 	}
 }
 

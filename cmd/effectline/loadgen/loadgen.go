@@ -69,6 +69,10 @@ type Config struct {
 	// History > 0 seeds that many settled operations, copies of the
 	// warm-up's, before the measured run (history.go).
 	History int
+	// In names an existing database to run in, one an earlier run left
+	// with -keep (and its history), instead of a fresh one; it is kept.
+	// The run's keys carry a tag of their own there (keyTag).
+	In string
 
 	// Split runs each component in a process of its own (-via http only):
 	// `effectline run --components <c>` children of this binary, as the
@@ -109,14 +113,15 @@ func (s *waitStats) add(d time.Duration, status int) {
 // ErrConfig says a Config field is out of range.
 var ErrConfig = errors.New("-n, -batch and -concurrency must be positive, -rate and -warmup not negative, -via outbox or http, -wait only with -via http; " +
 	"-duration (a soak) needs -rate > 0, -via outbox and a positive -window; -retention and -tombstone-retention not negative; -split only with -via http and without -duration, -replicas only with -split; " +
-	"-history not negative, with -warmup > 0 and without -duration")
+	"-history not negative, with -warmup > 0 and without -duration; -in without -history, -duration and -workflows")
 
 func (bc Config) check() error {
 	if bc.N <= 0 || bc.Batch <= 0 || bc.Concurrency <= 0 || bc.Rate < 0 || bc.Warmup < 0 || (bc.Via != "outbox" && bc.Via != "http") ||
 		(bc.Wait && bc.Via != "http") || bc.Duration < 0 || bc.Retention < 0 || bc.TombstoneRetention < 0 ||
 		(bc.Duration > 0 && (bc.Rate == 0 || bc.Via != "outbox" || bc.Window <= 0)) ||
 		(bc.Split && (bc.Via != "http" || bc.Duration > 0)) || (bc.Replicas > 1 && !bc.Split) || bc.Replicas < 0 ||
-		bc.History < 0 || (bc.History > 0 && (bc.Warmup == 0 || bc.Duration > 0)) {
+		bc.History < 0 || (bc.History > 0 && (bc.Warmup == 0 || bc.Duration > 0)) ||
+		(bc.In != "" && (bc.History > 0 || bc.Duration > 0)) {
 		return ErrConfig
 	}
 	return nil
@@ -133,7 +138,7 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 	if err := bc.check(); err != nil {
 		return err
 	}
-	cfg, sink, cleanup, err := bc.prepare(ctx, cfg)
+	cfg, sink, cleanup, err := bc.prepare(ctx, cfg, stderr)
 	if err != nil {
 		return err
 	}
@@ -218,7 +223,7 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 		}
 	}
 	if bc.History > 0 {
-		if err := seedHistory(ctx, a.Pool, warmupKeyPrefix, bc.History, cmp.Or(bc.Rate, 500), stderr, stdout); err != nil {
+		if err := seedHistory(ctx, a.Pool, warmupKeyPrefix(), bc.History, cmp.Or(bc.Rate, 500), stderr, stdout); err != nil {
 			return err
 		}
 		if err := checkHistory(ctx, a, bc.History); err != nil {
@@ -274,7 +279,7 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 	if wlat.n > 0 {
 		fmt.Fprintf(stdout, "journaled (write side): p50=%.1fms p99=%.1fms\n", ms(wlat.quantile(0.50)), ms(wlat.quantile(0.99)))
 	}
-	if err := printStages(ctx, a.Store, benchKeyPrefix, stdout); err != nil {
+	if err := printStages(ctx, a.Store, benchKeyPrefix(), stdout); err != nil {
 		return fmt.Errorf("bench: reading the journal's stage times: %w", err)
 	}
 	var afterAll int64
@@ -338,15 +343,21 @@ func (bc Config) effectiveBatch() int {
 	return bc.Batch
 }
 
-// benchKeyPrefix begins every measured operation's key.
-const benchKeyPrefix = "bench/op-"
+// keyTag, when set, goes into every key of the run ("bench/<tag>/op-…"):
+// a run in a database earlier runs used (-in) must not reuse their keys,
+// which would answer from the stored results and run nothing. Run sets it
+// once, before anything makes a key.
+var keyTag string
 
-func benchKey(i int) string { return fmt.Sprintf(benchKeyPrefix+"%07d", i) }
+// benchKeyPrefix begins every measured operation's key.
+func benchKeyPrefix() string { return "bench/" + keyTag + "op-" }
+
+func benchKey(i int) string { return fmt.Sprintf("%s%07d", benchKeyPrefix(), i) }
 
 // warmupKeyPrefix begins every warm-up operation's key.
-const warmupKeyPrefix = "bench/warmup-"
+func warmupKeyPrefix() string { return "bench/" + keyTag + "warmup-" }
 
-func warmupKey(i int) string { return fmt.Sprintf(warmupKeyPrefix+"%07d", i) }
+func warmupKey(i int) string { return fmt.Sprintf("%s%07d", warmupKeyPrefix(), i) }
 
 // runUntilDone submits bc.N intents named by tr's keys and waits until
 // the read model shows every one of them settled. The progress check asks
@@ -532,7 +543,7 @@ func progress(w io.Writer, done, total int, took time.Duration) {
 // prepare sets up what every bench mode runs on: the CPU profile when
 // asked, a database of the run's own beside cfg's (dropped afterwards
 // unless -keep), and the bench tool. cleanup undoes them in reverse order.
-func (bc Config) prepare(ctx context.Context, cfg app.Config) (app.Config, *benchTool, func(), error) {
+func (bc Config) prepare(ctx context.Context, cfg app.Config, stderr io.Writer) (app.Config, *benchTool, func(), error) {
 	var undo []func()
 	cleanup := func() {
 		for i := len(undo) - 1; i >= 0; i-- {
@@ -554,13 +565,29 @@ func (bc Config) prepare(ctx context.Context, cfg app.Config) (app.Config, *benc
 	if cfg.LogLevel == "" {
 		cfg.LogLevel = "error"
 	}
-	dbURL, drop, err := createBenchDatabase(ctx, cfg.DatabaseURL)
-	if err != nil {
-		cleanup()
-		return cfg, nil, func() {}, err
-	}
-	if !bc.Keep {
-		undo = append(undo, drop)
+	var dbURL string
+	if bc.In != "" {
+		u, err := databaseNamed(cfg.DatabaseURL, bc.In)
+		if err != nil {
+			cleanup()
+			return cfg, nil, func() {}, err
+		}
+		dbURL = u
+		var b [3]byte
+		_, _ = rand.Read(b[:])
+		keyTag = hex.EncodeToString(b[:]) + "/"
+	} else {
+		u, name, drop, err := createBenchDatabase(ctx, cfg.DatabaseURL)
+		if err != nil {
+			cleanup()
+			return cfg, nil, func() {}, err
+		}
+		dbURL = u
+		if bc.Keep {
+			fmt.Fprintf(stderr, "bench: the database %s is kept (-in %s runs in it again)\n", name, name)
+		} else {
+			undo = append(undo, drop)
+		}
 	}
 	cfg.DatabaseURL = dbURL
 	sink, err := startBenchTool()
@@ -572,26 +599,36 @@ func (bc Config) prepare(ctx context.Context, cfg app.Config) (app.Config, *benc
 	return cfg, sink, cleanup, nil
 }
 
+// databaseNamed is the URL base with its database replaced by name.
+func databaseNamed(base, name string) (string, error) {
+	u, err := url.Parse(base)
+	if err != nil {
+		return "", fmt.Errorf("bench needs %s as a URL: %w", app.EnvDatabaseURL, err)
+	}
+	u.Path = "/" + name
+	return u.String(), nil
+}
+
 // createBenchDatabase makes a fresh database beside the configured one so
-// a run starts from empty tables, and returns a func that drops it.
-func createBenchDatabase(ctx context.Context, base string) (string, func(), error) {
+// a run starts from empty tables, and returns its URL, its name and a
+// func that drops it.
+func createBenchDatabase(ctx context.Context, base string) (string, string, func(), error) {
 	conn, err := pgx.Connect(ctx, base)
 	if err != nil {
 		_, cerr := app.ConnectDatabase(ctx, base)
-		return "", nil, cerr
+		return "", "", nil, cerr
 	}
 	defer conn.Close(ctx)
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	name := "effectline_bench_" + hex.EncodeToString(b[:])
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		return "", nil, fmt.Errorf("creating the benchmark database: %w", err)
+		return "", "", nil, fmt.Errorf("creating the benchmark database: %w", err)
 	}
-	u, err := url.Parse(base)
+	u, err := databaseNamed(base, name)
 	if err != nil {
-		return "", nil, fmt.Errorf("bench needs %s as a URL: %w", app.EnvDatabaseURL, err)
+		return "", "", nil, err
 	}
-	u.Path = "/" + name
 	drop := func() {
 		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -600,7 +637,7 @@ func createBenchDatabase(ctx context.Context, base string) (string, func(), erro
 			_ = c.Close(dctx)
 		}
 	}
-	return u.String(), drop, nil
+	return u, name, drop, nil
 }
 
 // benchTool is the local downstream: it answers at once, honors nothing,

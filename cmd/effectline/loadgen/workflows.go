@@ -54,13 +54,13 @@ func warmupWorkflowID(i int) string { return fmt.Sprintf("wfwarmup-%07d", i) }
 // steps (step n's completion event → step n+1's first attempt.started, from
 // the journal's occurred_at) and synchronous commits per step.
 func RunWorkflows(ctx context.Context, bc Config, cfg app.Config, getenv func(string) string, stdout, stderr io.Writer) error {
-	if bc.N <= 0 || bc.Concurrency <= 0 || bc.Rate < 0 || bc.Warmup < 0 {
+	if bc.N <= 0 || bc.Concurrency <= 0 || bc.Rate < 0 || bc.Warmup < 0 || bc.In != "" || bc.History > 0 {
 		return ErrConfig
 	}
 	if bc.Via != "outbox" || bc.Wait {
 		return fmt.Errorf("%w (with -workflows the runs start through the workflow service: no -via http or -wait)", ErrConfig)
 	}
-	cfg, sink, cleanup, err := bc.prepare(ctx, cfg)
+	cfg, sink, cleanup, err := bc.prepare(ctx, cfg, stderr)
 	if err != nil {
 		return err
 	}
