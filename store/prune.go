@@ -196,26 +196,38 @@ SELECT o.operation_key, o.updated_at FROM operations o
  ORDER BY o.updated_at, o.operation_key
  LIMIT $5`
 
-// awaitedStepsSQL locks the runs of a page's step operations FOR SHARE, in
-// id order, and returns the operations they await. A step's or an undo's
-// operation that its run still awaits (workflows.awaiting, migration 0006)
-// is not pruned: the workflow driver takes the run's next transition from
-// the operation's record (its result and downstream id), and a driver down
-// for longer than the tool's dedup window would otherwise find a tombstone
-// and leave the run stuck. Once the run has moved on, a later pass prunes
-// the operation.
+// awaitedStepsSQL locks the runs of a page's step operations that have not
+// settled FOR SHARE, in id order, and returns what each awaits ("" for
+// nothing). A step's or an undo's operation that its run still awaits
+// (workflows.awaiting, migration 0006) is not pruned: the workflow driver
+// takes the run's next transition from the operation's record (its result
+// and downstream id), and a driver down for longer than the tool's dedup
+// window would otherwise find a tombstone and leave the run stuck. Once
+// the run has moved on, a later pass prunes the operation.
 //
-// The share lock is held until the prune commits. Every transition of a
-// run takes the run's row lock first (the driver's lockDueSQL, a
-// decision's load FOR NO KEY UPDATE), so no run can start awaiting a
-// candidate between this check and the prune. Neither waits on the prune
-// while holding what the prune waits for: the driver locks its runs with
+// The share lock, held until the prune commits, keeps a run from starting
+// to await a candidate between this check and the prune. A run starts
+// awaiting an operation only in a transition that records the operation's
+// intent, so it starts awaiting one that exists already, settled, only
+// when the transition adopts a key recorded before it (by hand, say;
+// docs/design.md, "Workflows"). Every transition of a run that exists
+// takes the run's row lock first (the driver's lockDueSQL, a decision's
+// load FOR NO KEY UPDATE) and so waits for the prune. Hence every run that
+// has not settled is locked, an escalated one too though it awaits
+// nothing: a decision moves it on. A settled run never moves again. No
+// lock covers a run's start, which inserts the row: a start that adopts a
+// settled step operation as the prune takes it finds the tombstone and
+// fails, or, if it commits between this check and the prune, leaves its
+// new run awaiting a tombstone, which the driver reports as a RunError and
+// leaves alone.
+//
+// Nothing waits in a cycle on these locks: the driver locks its runs with
 // SKIP LOCKED and passes over a run locked here, a decision locks its one
-// run before anything else, and the prune, once it holds these, locks its
+// run before anything else, and the prune, while it holds them, locks its
 // operations with SKIP LOCKED.
 const awaitedStepsSQL = `
-SELECT awaiting FROM workflows
- WHERE workflow_id = ANY($1) AND awaiting IS NOT NULL
+SELECT coalesce(awaiting, '') FROM workflows
+ WHERE workflow_id = ANY($1) AND status NOT IN ('completed', 'unwound', 'abandoned')
  ORDER BY workflow_id
    FOR SHARE`
 

@@ -464,3 +464,77 @@ func TestPruneDropsACandidateChangedSinceTheRead(t *testing.T) {
 		}
 	}
 }
+
+// TestPruneHoldsARunADecisionMayMoveOn: an escalated run awaits nothing,
+// but a decision may move it on to an operation recorded before (adopted),
+// settled and due for pruning. The prune locks that run too, so a decision
+// in progress holds the prune back until it commits, and then the prune
+// sees the run awaiting the operation and keeps it.
+func TestPruneHoldsARunADecisionMayMoveOn(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	retry := completed(t, s, "wf:esc-1/charge~r1")
+	relayed(t, s)
+	workflowRun(t, s, "esc-1", events.WorkflowEscalated, "")
+
+	// The decision locks its run first, as Decide's load does.
+	tx, err := s.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM workflows WHERE workflow_id = 'esc-1' FOR NO KEY UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := s.PruneSettled(ctx, retry.Tool, farFuture, farFuture, 10)
+		done <- result{n, err}
+	}()
+	// Until the prune waits for the run's lock, or has finished without.
+	var early *result
+	for deadline := time.Now().Add(30 * time.Second); early == nil; {
+		select {
+		case r := <-done:
+			early = &r
+			continue
+		default:
+		}
+		if count(t, s, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the prune neither waited for the decision's lock nor finished")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE workflows SET status = 'running', awaiting = $1 WHERE workflow_id = 'esc-1'`,
+		retry.Key); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := early
+	if r == nil {
+		got := <-done
+		r = &got
+	}
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if _, err := s.Load(ctx, retry.Key); err != nil {
+		t.Fatalf("the operation the decision moved the run on to: %v (the prune took %d without waiting: %v); want it kept",
+			err, r.n, early != nil)
+	}
+	moveOn(t, s, "esc-1", "wf:esc-1/confirm")
+	if n, err := s.PruneSettled(ctx, retry.Tool, farFuture, farFuture, 10); err != nil || n != 1 {
+		t.Fatalf("pruned %d (err %v) once the run moved on, want 1", n, err)
+	}
+}
