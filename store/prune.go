@@ -428,7 +428,8 @@ func stepRun(key string) (string, bool) {
 // PruneSettled prunes the operations of tool that settled before
 // settledBefore, stamping the tombstones with now, one page of at most
 // limit candidates after another without a pause, and returns how many it
-// pruned: a whole pass, for callers that want one at once.
+// pruned: a whole pass, for callers that want one at once. The pruner
+// calls PruneSettledPage instead, pausing between pages.
 func (s *Store) PruneSettled(ctx context.Context, tool string, settledBefore, now time.Time, limit int) (int, error) {
 	var cur PruneCursor
 	total := 0
