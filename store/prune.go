@@ -196,9 +196,9 @@ SELECT o.operation_key, o.updated_at FROM operations o
  ORDER BY o.updated_at, o.operation_key
  LIMIT $5`
 
-// awaitedStepsSQL locks the runs of a page's step operations that have not
-// settled FOR SHARE, in id order, and returns what each awaits ("" for
-// nothing). A step's or an undo's operation that its run still awaits
+// awaitedStepsSQL locks FOR SHARE the runs of a page's step operations
+// that have not settled, in id order, and returns what each awaits (""
+// for nothing). A step's or an undo's operation that its run still awaits
 // (workflows.awaiting, migration 0006) is not pruned: the workflow driver
 // takes the run's next transition from the operation's record (its result
 // and downstream id), and a driver down for longer than the tool's dedup
@@ -236,10 +236,10 @@ SELECT coalesce(awaiting, '') FROM workflows
 // pass; so is one another pruner took), each head row becomes its
 // tombstone, and the events and read-model rows of exactly the rows turned
 // into tombstones are deleted. The page was read without locks, so the
-// predicate is checked again here, on the locked rows: an append since
-// then moved updated_at forward or left events in the outbox (and perhaps
-// changed the status), and a prune by another pruner set pruned_at; either
-// way the row drops out.
+// predicate is checked again here, on the locked rows, which are the
+// latest: a row appended to since the read is pruned only if it still
+// qualifies (still settled before the window, its new events relayed),
+// and one another pruner took since has pruned_at set and drops out.
 const pruneKeysSQL = `
 WITH victims AS (
     SELECT o.operation_key FROM operations o
