@@ -48,12 +48,12 @@ type Config struct {
 	TombstoneRetention time.Duration
 	// Interval is how often the leader looks for work. Default 30s.
 	Interval time.Duration
-	// Batch bounds the operations one statement prunes (and the tombstones
-	// one statement deletes). Default 500.
+	// Batch bounds the operations one page of a pass reads and prunes, and
+	// the runs and tombstones one statement prunes or deletes. Default 500.
 	Batch int
 	// Pace is the share of wall time the pruner may spend in its
-	// statements while it works through a backlog: after each batch it
-	// waits (1-Pace)/Pace times as long as the batch took. Default 0.5.
+	// statements while it works through a backlog: after each page or
+	// batch it waits (1-Pace)/Pace times as long as it took. Default 0.5.
 	Pace float64
 	// LeaderLockKey is the advisory lock of the election. Default
 	// DefaultLeaderLockKey.
@@ -214,7 +214,7 @@ func (p *Pruner) Run(ctx context.Context) error {
 	}
 }
 
-// RunOnce prunes everything due now, batch by batch, and expires old
+// RunOnce prunes everything due now, page by page, and expires old
 // tombstones; it returns when nothing due is left. Operations go first,
 // then runs; the order does not matter (workflow/prune.go says why), and
 // an operation a run still awaits is never pruned. It takes no lock: two
@@ -239,8 +239,14 @@ func (p *Pruner) RunOnce(ctx context.Context) (Counts, error) {
 	}
 	for _, tool := range tools {
 		before := p.cfg.Now().Add(-p.cfg.Window(tool))
-		pruned, err := p.drain(ctx, func(ctx context.Context) (int, error) {
-			return p.store.PruneSettled(ctx, tool, before, p.cfg.Now(), p.cfg.Batch)
+		// One pass over the tool, a page after another: the cursor moves
+		// past the candidates a page could not prune (awaited, locked), so
+		// a full page that pruned few is followed, not taken for the end.
+		var cur store.PruneCursor
+		pruned, err := p.drain(ctx, func(ctx context.Context) (int, bool, error) {
+			page, err := p.store.PruneSettledPage(ctx, tool, cur, before, p.cfg.Now(), p.cfg.Batch)
+			cur = page.Next
+			return page.Pruned, page.Full, err
 		})
 		n.Pruned += pruned
 		if pruned > 0 {
@@ -256,9 +262,9 @@ func (p *Pruner) RunOnce(ctx context.Context) (Counts, error) {
 	}
 	for _, name := range names {
 		before := p.cfg.Now().Add(-p.cfg.WorkflowWindow(name))
-		pruned, err := p.drain(ctx, func(ctx context.Context) (int, error) {
+		pruned, err := p.drain(ctx, p.batch(func(ctx context.Context) (int, error) {
 			return p.runs.PruneSettled(ctx, name, before, p.cfg.Now(), p.cfg.Batch)
-		})
+		}))
 		n.RunsPruned += pruned
 		if pruned > 0 {
 			p.runsPruned.Add(ctx, int64(pruned), metric.WithAttributes(attribute.String("workflow", name)))
@@ -269,9 +275,9 @@ func (p *Pruner) RunOnce(ctx context.Context) (Counts, error) {
 	}
 	if p.cfg.TombstoneRetention > 0 {
 		before := p.cfg.Now().Add(-p.cfg.TombstoneRetention)
-		expired, err := p.drain(ctx, func(ctx context.Context) (int, error) {
+		expired, err := p.drain(ctx, p.batch(func(ctx context.Context) (int, error) {
 			return p.store.ExpireTombstones(ctx, before, p.cfg.Batch)
-		})
+		}))
 		n.Expired = expired
 		if expired > 0 {
 			p.expired.Add(ctx, int64(expired))
@@ -279,9 +285,9 @@ func (p *Pruner) RunOnce(ctx context.Context) (Counts, error) {
 		if fail(err) {
 			return n, errors.Join(errs...)
 		}
-		expired, err = p.drain(ctx, func(ctx context.Context) (int, error) {
+		expired, err = p.drain(ctx, p.batch(func(ctx context.Context) (int, error) {
 			return p.runs.ExpireTombstones(ctx, before, p.cfg.Batch)
-		})
+		}))
 		n.RunsExpired = expired
 		if expired > 0 {
 			p.runsExpired.Add(ctx, int64(expired))
@@ -291,19 +297,19 @@ func (p *Pruner) RunOnce(ctx context.Context) (Counts, error) {
 	return n, errors.Join(errs...)
 }
 
-// drain runs batch until it returns less than a full batch, pausing after
-// each one in proportion to its duration. The pause is what keeps a
-// backlog (the first pass after retention is switched on, or after an
-// outage) from taking a connection and the disk away from the write path
-// for minutes on end: the writes it competes with are the fsyncs of the
-// hot path's commits.
-func (p *Pruner) drain(ctx context.Context, batch func(context.Context) (int, error)) (int, error) {
+// drain runs step until it says no more may follow, pausing after each
+// step in proportion to its duration. The pause is what keeps a backlog
+// (the first pass after retention is switched on, or after an outage) from
+// taking a connection and the disk away from the write path for minutes
+// on end: the writes it competes with are the fsyncs of the hot path's
+// commits.
+func (p *Pruner) drain(ctx context.Context, step func(context.Context) (n int, more bool, err error)) (int, error) {
 	total := 0
 	for {
 		start := time.Now()
-		n, err := batch(ctx)
+		n, more, err := step(ctx)
 		total += n
-		if err != nil || n < p.cfg.Batch {
+		if err != nil || !more {
 			return total, err
 		}
 		pause := time.Duration(float64(time.Since(start)) * (1 - p.cfg.Pace) / p.cfg.Pace)
@@ -312,5 +318,14 @@ func (p *Pruner) drain(ctx context.Context, batch func(context.Context) (int, er
 			return total, ctx.Err()
 		case <-time.After(pause):
 		}
+	}
+}
+
+// batch makes a step of one bounded statement that takes the oldest of
+// what is due: more may follow while it returns a full batch.
+func (p *Pruner) batch(statement func(context.Context) (int, error)) func(context.Context) (int, bool, error) {
+	return func(ctx context.Context) (int, bool, error) {
+		n, err := statement(ctx)
+		return n, n >= p.cfg.Batch, err
 	}
 }

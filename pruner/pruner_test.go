@@ -125,6 +125,43 @@ func TestTwoPrunersRace(t *testing.T) {
 	t.Logf("pruned %d and %d", counts[0].Pruned, counts[1].Pruned)
 }
 
+// TestPassGoesPastPagesItCannotPrune: the oldest operations due are steps
+// their runs still await, more than a page of them; the pass goes on past
+// those pages, which prune nothing, to the operations behind them.
+func TestPassGoesPastPagesItCannotPrune(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	var held []string
+	for i := range 7 {
+		key := settle(t, s, "emails.send", fmt.Sprintf("wf:held-%02d", i), 1, t0)[0]
+		if _, err := s.Pool().Exec(ctx, `INSERT INTO workflows
+			(workflow_id, workflow, input_hash, status, seq, awaiting, record, created_at, updated_at)
+			VALUES ($1, 'order', 'h', 'running', 2, $2, '{}', $3, $3)`, fmt.Sprintf("held-%02d", i), key, t0); err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, key)
+	}
+	free := settle(t, s, "emails.send", "x-free", 4, t0)
+	p, err := pruner.New(s, pruner.Config{Default: time.Hour, Batch: 3, Pace: 1, Now: func() time.Time { return t0.Add(2 * time.Hour) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := p.RunOnce(ctx); err != nil || n.Pruned != len(free) {
+		t.Fatalf("RunOnce = %+v, %v; want the %d operations no run awaits", n, err, len(free))
+	}
+	for _, key := range held {
+		if _, err := s.Load(ctx, key); err != nil {
+			t.Fatalf("%s, awaited: %v; want it kept", key, err)
+		}
+	}
+	for _, key := range free {
+		if _, err := s.Load(ctx, key); !errors.Is(err, store.ErrPruned) {
+			t.Fatalf("%s: %v; want it pruned", key, err)
+		}
+	}
+}
+
 // TestPerToolWindows: each tool's dedup_window applies to its operations;
 // a tool without one (here: one no longer in the tools file) takes the
 // default.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -172,40 +174,82 @@ func tombstones(ctx context.Context, q querier, keys []string) (map[string]Tombs
 // cannot use it.
 const settledPredicate = `o.status IN ('completed', 'failed', 'compensated') AND o.pruned_at IS NULL`
 
-// pruneSQL prunes up to $3 settled operations of tool $1 that settled
-// before $2, oldest first, in one statement: the candidates are locked with
-// SKIP LOCKED (two pruners take disjoint sets; a row an append is writing
-// is left for the next round), each head row becomes its tombstone, and the
-// events and read-model rows of exactly the rows turned into tombstones are
-// deleted. Under READ COMMITTED a candidate that an append changed after the
-// statement's snapshot is re-read when locked and its predicate re-checked:
-// that append moved updated_at forward (and perhaps the status), so the row
-// drops out. An operation whose outcome events still wait in the outbox is
-// left alone: the relay reads events it publishes from the journal.
+// A prune is a page of candidates read without locks, then those
+// candidates locked and tombstoned by key, so that every statement that
+// locks or writes names its operation keys and each runs within one
+// colocation group (docs/design.md, "Beyond one primary").
 //
-// So is a step's or an undo's operation that its workflow run still awaits
-// (workflows.awaiting, migration 0006): the workflow driver takes the
-// run's next transition from the operation's record (its result and
-// downstream id), and a driver that was down for longer than the tool's
-// dedup window would otherwise find a tombstone and leave the run stuck.
-// Such keys are "wf:<workflow id>/…" and a workflow id holds no '/', so the
-// run is one primary-key probe away; once the run has moved on, the next
-// round prunes the operation.
-const pruneSQL = `
+// pruneCandidatesSQL reads the page: up to $5 settled operations of tool $1
+// that settled before $2, oldest first, after the cursor ($3, $4). The
+// cursor moves past every candidate read, pruned or not, so a page of
+// operations that cannot go yet (awaited by their runs, or locked) never
+// holds the pass back on them; the key breaks ties between operations that
+// settled in the same microsecond, so none is skipped or read twice.
+// Operations whose outcome events still wait in the outbox are left alone:
+// the relay reads the events it publishes from the journal.
+const pruneCandidatesSQL = `
+SELECT o.operation_key, o.updated_at FROM operations o
+ WHERE o.tool = $1 AND o.updated_at < $2 AND ` + settledPredicate + `
+   AND o.updated_at >= $3 AND (o.updated_at > $3 OR o.operation_key > $4)
+   AND o.due_at IS NULL
+   AND NOT EXISTS (SELECT 1 FROM outbox b WHERE b.operation_key = o.operation_key)
+ ORDER BY o.updated_at, o.operation_key
+ LIMIT $5`
+
+// awaitedStepsSQL locks FOR SHARE the runs of a page's step operations
+// that have not settled, in id order, and returns what each awaits (""
+// for nothing). A step's or an undo's operation that its run still awaits
+// (workflows.awaiting, migration 0006) is not pruned: the workflow driver
+// takes the run's next transition from the operation's record (its result
+// and downstream id), and a driver down for longer than the tool's dedup
+// window would otherwise find a tombstone and leave the run stuck. Once
+// the run has moved on, a later pass prunes the operation.
+//
+// The share lock, held until the prune commits, keeps a run from starting
+// to await a candidate between this check and the prune. A run starts
+// awaiting an operation only in a transition that records the operation's
+// intent, so it starts awaiting one that exists already, settled, only
+// when the transition adopts a key recorded before it (by hand, say;
+// docs/design.md, "Workflows"). Every transition of a run that exists
+// takes the run's row lock first (the driver's lockDueSQL, a decision's
+// load FOR NO KEY UPDATE) and so waits for the prune. Hence every run that
+// has not settled is locked, an escalated one too though it awaits
+// nothing: a decision moves it on. A settled run never moves again. No
+// lock covers a run's start, which inserts the row: a start that adopts a
+// settled step operation as the prune takes it finds the tombstone and
+// fails, or, if it commits between this check and the prune, leaves its
+// new run awaiting a tombstone, which the driver reports as a RunError and
+// leaves alone.
+//
+// Nothing waits in a cycle on these locks: the driver locks its runs with
+// SKIP LOCKED and passes over a run locked here, a decision locks its one
+// run before anything else, and the prune, while it holds them, locks its
+// operations with SKIP LOCKED.
+const awaitedStepsSQL = `
+SELECT coalesce(awaiting, '') FROM workflows
+ WHERE workflow_id = ANY($1) AND status NOT IN ('completed', 'unwound', 'abandoned')
+ ORDER BY workflow_id
+   FOR SHARE`
+
+// pruneKeysSQL tombstones the candidates $1 in one statement: they are
+// locked with SKIP LOCKED (a row an append is writing is left for the next
+// pass; so is one another pruner took), each head row becomes its
+// tombstone, and the events and read-model rows of exactly the rows turned
+// into tombstones are deleted. The page was read without locks, so the
+// predicate is checked again here, on the locked rows, which are the
+// latest: a row appended to since the read is pruned only if it still
+// qualifies (still settled before the window, its new events relayed),
+// and one another pruner took since has pruned_at set and drops out.
+const pruneKeysSQL = `
 WITH victims AS (
     SELECT o.operation_key FROM operations o
-     WHERE o.tool = $1 AND o.updated_at < $2 AND ` + settledPredicate + `
+     WHERE o.operation_key = ANY($1) AND o.updated_at < $2 AND ` + settledPredicate + `
        AND o.due_at IS NULL
        AND NOT EXISTS (SELECT 1 FROM outbox b WHERE b.operation_key = o.operation_key)
-       AND NOT (starts_with(o.operation_key, 'wf:') AND EXISTS (SELECT 1 FROM workflows w
-                 WHERE w.workflow_id = split_part(substr(o.operation_key, 4), '/', 1)
-                   AND w.awaiting = o.operation_key))
-     ORDER BY o.updated_at
-     LIMIT $3
        FOR UPDATE SKIP LOCKED
 ), tomb AS (
     UPDATE operations o
-       SET pruned_at = $4, seq = o.seq + 1, lease_until = NULL, due_at = NULL,
+       SET pruned_at = $3, seq = o.seq + 1, lease_until = NULL, due_at = NULL,
            record = jsonb_build_object('tombstone', jsonb_strip_nulls(jsonb_build_object(
                'principal', o.record->'principal', 'downstream_id', o.record->'downstream_id', 'seq', o.seq)))
       FROM victims v
@@ -259,16 +303,144 @@ func (s *Store) SettledTools(ctx context.Context) ([]string, error) {
 	return tools, nil
 }
 
-// PruneSettled prunes up to limit operations of tool that settled before
-// settledBefore, stamping the tombstones with now, and returns how many it
-// pruned. It is one bounded statement; call it again while it returns
-// limit.
-func (s *Store) PruneSettled(ctx context.Context, tool string, settledBefore, now time.Time, limit int) (int, error) {
+// PruneCursor is where a prune pass over one tool has got to: the last
+// candidate a page read. The zero cursor starts from the oldest.
+type PruneCursor struct {
+	SettledAt time.Time
+	Key       string
+}
+
+// PrunePage is what one page of a prune did.
+type PrunePage struct {
+	// Pruned is how many operations it turned into tombstones.
+	Pruned int
+	// Full says the page read as many candidates as it was allowed, so
+	// more may follow after Next, however few it pruned.
+	Full bool
+	// Next is the cursor of the next page of the pass.
+	Next PruneCursor
+}
+
+// PruneSettledPage prunes one page of the operations of tool that settled
+// before settledBefore: it reads at most limit candidates, oldest first
+// after the cursor, and prunes those it may, stamping the tombstones with
+// now. A pass starts from the zero cursor and goes on from Next while the
+// page was Full. A page is a few bounded statements: the candidates read,
+// then, in one transaction if any of them is a workflow's step, the runs of
+// those steps locked and the candidates their runs do not await pruned.
+func (s *Store) PruneSettledPage(ctx context.Context, tool string, after PruneCursor, settledBefore, now time.Time, limit int) (PrunePage, error) {
+	keys, page, err := s.pruneCandidates(ctx, tool, after, settledBefore, limit)
+	if err == nil && len(keys) > 0 {
+		page.Pruned, err = s.pruneKeys(ctx, keys, settledBefore, now)
+	}
+	if err != nil {
+		return PrunePage{}, fmt.Errorf("pruning settled operations of %s: %w", tool, interpretError(err))
+	}
+	return page, nil
+}
+
+// pruneCandidates reads a page of candidates: their keys, and the page
+// without its Pruned.
+func (s *Store) pruneCandidates(ctx context.Context, tool string, after PruneCursor, settledBefore time.Time, limit int) ([]string, PrunePage, error) {
+	rows, err := s.pool.Query(ctx, pruneCandidatesSQL, tool, settledBefore, after.SettledAt, after.Key, limit)
+	if err != nil {
+		return nil, PrunePage{}, err
+	}
+	var page PrunePage
+	var keys []string
+	for rows.Next() {
+		var c PruneCursor
+		if err := rows.Scan(&c.Key, &c.SettledAt); err != nil {
+			rows.Close()
+			return nil, PrunePage{}, err
+		}
+		keys = append(keys, c.Key)
+		page.Next = c
+	}
+	if err := rows.Err(); err != nil {
+		return nil, PrunePage{}, err
+	}
+	page.Full = len(keys) == limit
+	return keys, page, nil
+}
+
+// pruneKeys prunes those of the candidates keys that still qualify when
+// locked and that no run awaits, and returns how many it pruned.
+func (s *Store) pruneKeys(ctx context.Context, keys []string, settledBefore, now time.Time) (int, error) {
+	var runs []string
+	for _, k := range keys {
+		if id, ok := stepRun(k); ok {
+			runs = append(runs, id)
+		}
+	}
 	var n int
-	if err := s.pool.QueryRow(ctx, pruneSQL, tool, settledBefore, limit, now).Scan(&n); err != nil {
-		return 0, fmt.Errorf("pruning settled operations of %s: %w", tool, interpretError(err))
+	prune := func(q querier, keys []string) error {
+		return q.QueryRow(ctx, pruneKeysSQL, keys, settledBefore, now).Scan(&n)
+	}
+	if len(runs) == 0 {
+		// No step among them: nothing to check in the workflows' colocation
+		// group, and the prune is one statement.
+		if err := prune(s.pool, keys); err != nil {
+			return 0, err
+		}
+		return n, nil
+	}
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, awaitedStepsSQL, runs)
+		if err != nil {
+			return err
+		}
+		awaited, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
+		}
+		if len(awaited) > 0 {
+			held := make(map[string]bool, len(awaited))
+			for _, k := range awaited {
+				held[k] = true
+			}
+			keys = slices.DeleteFunc(slices.Clone(keys), func(k string) bool { return held[k] })
+		}
+		if len(keys) == 0 {
+			return nil
+		}
+		return prune(tx, keys)
+	})
+	if err != nil {
+		return 0, err
 	}
 	return n, nil
+}
+
+// stepRun returns the workflow id of a step's or an undo's operation key,
+// "wf:<workflow id>/<step>…" (a workflow id holds no '/'). An agent's own
+// step keys (outbox.OperationKey) have the same shape and name no run of
+// the engine, or one that does not await them: locking it costs a lock.
+func stepRun(key string) (string, bool) {
+	rest, ok := strings.CutPrefix(key, "wf:")
+	if !ok {
+		return "", false
+	}
+	id, _, ok := strings.Cut(rest, "/")
+	return id, ok && id != ""
+}
+
+// PruneSettled prunes the operations of tool that settled before
+// settledBefore, stamping the tombstones with now, one page of at most
+// limit candidates after another without a pause, and returns how many it
+// pruned: a whole pass, for callers that want one at once. The pruner
+// calls PruneSettledPage instead, pausing between pages.
+func (s *Store) PruneSettled(ctx context.Context, tool string, settledBefore, now time.Time, limit int) (int, error) {
+	var cur PruneCursor
+	total := 0
+	for {
+		page, err := s.PruneSettledPage(ctx, tool, cur, settledBefore, now, limit)
+		total += page.Pruned
+		if err != nil || !page.Full {
+			return total, err
+		}
+		cur = page.Next
+	}
 }
 
 // ExpireTombstones deletes up to limit tombstones made before prunedBefore

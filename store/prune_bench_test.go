@@ -15,8 +15,8 @@ import (
 
 // BenchmarkPrune measures pruning alone: b.N settled operations, each with
 // three events of about 600 bytes and a read-model row (generated in SQL,
-// not timed), pruned to tombstones by PruneSettled in batches of 100, 500
-// or 2,000 per statement. ns/op is per pruned operation.
+// not timed), pruned to tombstones by PruneSettled in pages of 100, 500
+// or 2,000 candidates. ns/op is per pruned operation.
 //
 //	go test -run '^$' -bench Prune -benchtime 20000x ./store
 func BenchmarkPrune(b *testing.B) {

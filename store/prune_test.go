@@ -285,3 +285,256 @@ func TestSettledTools(t *testing.T) {
 		t.Fatalf("SettledTools = %v, %v", tools, err)
 	}
 }
+
+// workflowRun writes a workflow run's head row directly, awaiting key ("" for
+// none): these tests are about what the prune reads of a run, and the
+// workflow package's tests prune runs the engine drove.
+func workflowRun(t *testing.T, s *store.Store, id string, status events.WorkflowStatus, awaiting string) {
+	t.Helper()
+	var await any
+	if awaiting != "" {
+		await = awaiting
+	}
+	if _, err := s.Pool().Exec(context.Background(), `INSERT INTO workflows
+		(workflow_id, workflow, input_hash, status, seq, awaiting, record, created_at, updated_at)
+		VALUES ($1, 'order', 'h', $2, 2, $3, '{}', $4, $4)`, id, string(status), await, t0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// moveOn points run id at another operation, as a transition does.
+func moveOn(t *testing.T, s *store.Store, id, awaiting string) {
+	t.Helper()
+	if _, err := s.Pool().Exec(context.Background(), `UPDATE workflows SET awaiting = $2 WHERE workflow_id = $1`,
+		id, awaiting); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPruneKeepsTheStepARunAwaits: a step's operation that its run still
+// awaits is not pruned, whatever its age; the run's other steps, a step of
+// a run that awaits something else and an operation of no run are. Once the
+// run has moved on, the next pass prunes it.
+func TestPruneKeepsTheStepARunAwaits(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	awaited := completed(t, s, "wf:run-1/reserve")
+	completed(t, s, "wf:run-1/charge~undo")
+	completed(t, s, "wf:run-2/reserve")
+	completed(t, s, "plain/1")
+	relayed(t, s)
+	workflowRun(t, s, "run-1", events.WorkflowRunning, awaited.Key)
+	workflowRun(t, s, "run-2", events.WorkflowRunning, "wf:run-2/charge")
+
+	if n, err := s.PruneSettled(ctx, awaited.Tool, farFuture, farFuture, 10); err != nil || n != 3 {
+		t.Fatalf("pruned %d (err %v), want all but the awaited step", n, err)
+	}
+	if op, err := s.Load(ctx, awaited.Key); err != nil || op.Seq != awaited.Seq {
+		t.Fatalf("the step its run awaits: %+v, %v; want it kept whole", op, err)
+	}
+	moveOn(t, s, "run-1", "wf:run-1/charge")
+	if n, err := s.PruneSettled(ctx, awaited.Tool, farFuture, farFuture, 10); err != nil || n != 1 {
+		t.Fatalf("pruned %d (err %v) once the run moved on, want 1", n, err)
+	}
+	if _, err := s.Load(ctx, awaited.Key); !errors.Is(err, store.ErrPruned) {
+		t.Fatalf("the step after its run moved on: %v, want pruned", err)
+	}
+}
+
+// TestPrunePassGoesPastPagesItCannotPrune: pages whose every candidate
+// stays (locked by a writer, awaited by its run) still move the cursor on,
+// so a pass in small pages reaches the prunable operations behind them,
+// and ends. The operations all settled in the same microsecond: the cursor
+// tells them apart by key.
+func TestPrunePassGoesPastPagesItCannotPrune(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	// In key order: two locked, five awaited, three prunable.
+	locked := []string{"a-locked/0", "a-locked/1"}
+	var keys []string
+	for _, k := range locked {
+		keys = append(keys, completed(t, s, k).Key)
+	}
+	for i := range 5 {
+		id := fmt.Sprintf("held-%d", i)
+		op := completed(t, s, "wf:"+id+"/reserve")
+		workflowRun(t, s, id, events.WorkflowRunning, op.Key)
+		keys = append(keys, op.Key)
+	}
+	for i := range 3 {
+		keys = append(keys, completed(t, s, fmt.Sprintf("x-free/%d", i)).Key)
+	}
+	relayed(t, s)
+	if n := count(t, s, `SELECT count(DISTINCT updated_at) FROM operations`); n != 1 {
+		t.Fatalf("the operations settled at %d times, want one", n)
+	}
+
+	// A writer holds the first two, as an append in flight does.
+	tx, err := s.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM operations WHERE operation_key = ANY($1) FOR UPDATE`, locked); err != nil {
+		t.Fatal(err)
+	}
+
+	var cur store.PruneCursor
+	var pruned []int
+	for page := 0; ; page++ {
+		if page > len(keys) {
+			t.Fatalf("the pass did not end after %d pages of 2 (pruned %v)", page, pruned)
+		}
+		p, err := s.PruneSettledPage(ctx, "payments.charge", cur, farFuture, farFuture, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pruned = append(pruned, p.Pruned)
+		if want := keys[min(2*page+1, len(keys)-1)]; p.Full && p.Next.Key != want {
+			t.Fatalf("page %d ends at %q, want %q", page, p.Next.Key, want)
+		}
+		if !p.Full {
+			break
+		}
+		cur = p.Next
+	}
+	// [locked locked] [held held] [held held] [held free] [free free] []
+	if fmt.Sprint(pruned) != "[0 0 0 1 2 0]" {
+		t.Fatalf("pruned per page %v, want [0 0 0 1 2 0]", pruned)
+	}
+	for i, k := range keys {
+		_, err := s.Load(ctx, k)
+		if gone := errors.Is(err, store.ErrPruned); gone != (i >= 7) {
+			t.Fatalf("%s: %v", k, err)
+		}
+	}
+
+	// Released, and the runs moved on: a pass takes them all.
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		moveOn(t, s, fmt.Sprintf("held-%d", i), "elsewhere")
+	}
+	if n, err := s.PruneSettled(ctx, "payments.charge", farFuture, farFuture, 2); err != nil || n != 7 {
+		t.Fatalf("pruned %d (err %v) once nothing held them, want 7", n, err)
+	}
+}
+
+// TestPruneDropsACandidateChangedSinceTheRead: the page is read without
+// locks, so an operation appended to after the read and before the prune
+// is checked again when locked, and drops out: one whose new events moved
+// its updated_at past the window, and one whose new events wait in the
+// outbox.
+func TestPruneDropsACandidateChangedSinceTheRead(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	late := completed(t, s, "changed/late")
+	unrelayed := completed(t, s, "changed/unrelayed")
+	completed(t, s, "changed/untouched")
+	relayed(t, s)
+	window := t0.Add(time.Hour)
+	keys, err := s.PruneCandidates(ctx, "payments.charge", store.PruneCursor{}, window, 10)
+	if err != nil || len(keys) != 3 {
+		t.Fatalf("candidates %v (err %v), want 3", keys, err)
+	}
+
+	// A late outcome of a lost lease, reported after the window.
+	e, err := events.New(events.AttemptSucceeded, late.Key, late.Seq+1, late.Tool, late.EffectClass, 1,
+		events.AttemptSucceededData{StatusCode: 200, Late: true}, window.Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Append(ctx, store.Append{Base: late, Events: []events.Envelope{e}}); err != nil {
+		t.Fatal(err)
+	}
+	relayed(t, s)
+	// Another, inside the window but not yet relayed.
+	next(t, s, unrelayed, events.AttemptSucceeded, 1, events.AttemptSucceededData{StatusCode: 200, Late: true})
+
+	if n, err := s.PruneKeys(ctx, keys, window, farFuture); err != nil || n != 1 {
+		t.Fatalf("pruned %d (err %v), want only the untouched one", n, err)
+	}
+	for _, op := range []events.Operation{late, unrelayed} {
+		if got, err := s.Load(ctx, op.Key); err != nil || got.Seq != op.Seq+1 {
+			t.Fatalf("%s: %+v, %v; want it kept with its new event", op.Key, got, err)
+		}
+	}
+}
+
+// TestPruneHoldsARunADecisionMayMoveOn: an escalated run awaits nothing,
+// but a decision may move it on to an operation recorded before (adopted),
+// settled and due for pruning. The prune locks that run too, so a decision
+// in progress holds the prune back until it commits, and then the prune
+// sees the run awaiting the operation and keeps it.
+func TestPruneHoldsARunADecisionMayMoveOn(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	retry := completed(t, s, "wf:esc-1/charge~r1")
+	relayed(t, s)
+	workflowRun(t, s, "esc-1", events.WorkflowEscalated, "")
+
+	// The decision locks its run first, as Decide's load does.
+	tx, err := s.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM workflows WHERE workflow_id = 'esc-1' FOR NO KEY UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := s.PruneSettled(ctx, retry.Tool, farFuture, farFuture, 10)
+		done <- result{n, err}
+	}()
+	// Until the prune waits for the run's lock, or has finished without.
+	var early *result
+	for deadline := time.Now().Add(30 * time.Second); early == nil; {
+		select {
+		case r := <-done:
+			early = &r
+			continue
+		default:
+		}
+		if count(t, s, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the prune neither waited for the decision's lock nor finished")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE workflows SET status = 'running', awaiting = $1 WHERE workflow_id = 'esc-1'`,
+		retry.Key); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := early
+	if r == nil {
+		got := <-done
+		r = &got
+	}
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if _, err := s.Load(ctx, retry.Key); err != nil {
+		t.Fatalf("the operation the decision moved the run on to: %v (the prune took %d without waiting: %v); want it kept",
+			err, r.n, early != nil)
+	}
+	moveOn(t, s, "esc-1", "wf:esc-1/confirm")
+	if n, err := s.PruneSettled(ctx, retry.Tool, farFuture, farFuture, 10); err != nil || n != 1 {
+		t.Fatalf("pruned %d (err %v) once the run moved on, want 1", n, err)
+	}
+}

@@ -41,7 +41,7 @@ import (
 // run: a settled run reads none of them again (its record holds every
 // step's result and downstream id), and an operation reads nothing of its
 // run. What must not be pruned under a run is the operation it still
-// waits on; store/prune.go keeps that one (see pruneSQL there).
+// waits on; store/prune.go keeps that one (see awaitedStepsSQL there).
 
 var (
 	// ErrPruned is wrapped by every *PrunedError.
@@ -125,12 +125,14 @@ func loadTombstone(ctx context.Context, q querier, id string) error {
 const settledRunPredicate = `w.status IN ('completed', 'unwound', 'abandoned') AND w.pruned_at IS NULL`
 
 // pruneRunsSQL prunes up to $3 settled runs of workflow $1 that settled
-// before $2, oldest first, in one statement, as store's pruneSQL does for
-// operations: the candidates are locked with SKIP LOCKED (two pruners take
-// disjoint sets), each head row becomes its tombstone, and the events and
-// read-model rows of exactly those runs are deleted. A run with events the
-// driver has not yet published to the workflows topic is left for a later
-// round: the publisher reads them from the journal.
+// before $2, oldest first, in one statement: the candidates are locked
+// with SKIP LOCKED (two pruners take disjoint sets), each head row becomes
+// its tombstone, and the events and read-model rows of exactly those runs
+// are deleted. A run with events the driver has not yet published to the
+// workflows topic is left for a later round: the publisher reads them from
+// the journal. Unlike the operations' prune it reads no other colocation
+// group, so under Citus it can run per shard as it stands, as the
+// tombstone expiry does (docs/design.md, "Beyond one primary").
 const pruneRunsSQL = `
 WITH victims AS (
     SELECT w.workflow_id FROM workflows w

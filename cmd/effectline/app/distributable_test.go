@@ -54,8 +54,8 @@ var fanOuts = []fanOut{
 	{fragment: "WHERE status = 'needs_reconciliation' AND updated_at <= $1 ORDER BY updated_at LIMIT $2", reason: "the reconciler's unresolved poller"},
 	// Retention (store/prune.go): per shard, like the relay.
 	{fragment: "WITH RECURSIVE t(tool)", reason: "the pruner's list of the tools with settled operations"},
-	{fragment: "WITH victims AS ( SELECT o.operation_key FROM operations o", reason: "the pruner's prune of a tool's oldest settled operations, FOR UPDATE SKIP LOCKED; " +
-		"its guard for steps a run awaits reads workflows, another colocation group (docs/design.md)"},
+	{fragment: "SELECT o.operation_key, o.updated_at FROM operations o", reason: "the pruner's page of a tool's oldest settled operations, " +
+		"a plain read by (tool, updated_at) after a cursor; the page is then locked and pruned by key"},
 	{fragment: "WHERE pruned_at < $1 ORDER BY pruned_at", reason: "the tombstone expiry, FOR UPDATE SKIP LOCKED"},
 	// The read model (projector/reader.go, projector/rebuild.go).
 	{fragment: "DESC, operation_key DESC LIMIT", reason: "the list of operations: a multi-shard keyset read the coordinator merges"},
