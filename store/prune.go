@@ -169,7 +169,7 @@ func tombstones(ctx context.Context, q querier, keys []string) (map[string]Tombs
 	return out, nil
 }
 
-// settledStatuses are the statuses a prune may take; keep them in step
+// settledPredicate names the operations a prune may take; keep them in step
 // with the predicate of the operations_settled index, or the planner
 // cannot use it.
 const settledPredicate = `o.status IN ('completed', 'failed', 'compensated') AND o.pruned_at IS NULL`
