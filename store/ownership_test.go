@@ -39,16 +39,24 @@ var joinedReads = map[string]map[string]string{
 	// Pruning turns head rows into tombstones and drops their read-model
 	// rows in one statement, so no list ever shows an operation whose
 	// events are gone.
-	// It also keeps, in the same statement, a step operation a workflow
-	// run still awaits: checked apart, the run could start waiting between
-	// the check and the prune and be stranded on a tombstone.
-	"store/prune.go": {"operation_state": "deleted with the tombstoning", "workflows": "NOT EXISTS guard for awaited step operations"},
+	// It also locks, in the transaction that prunes a page, the runs of
+	// the page's step operations FOR SHARE and keeps the steps they
+	// await: checked apart, a run could start waiting between the check
+	// and the prune and be stranded on a tombstone.
+	"store/prune.go": {"operation_state": "deleted with the tombstoning", "workflows": "FOR SHARE lock of the runs a page's steps belong to"},
 	// The same two guards for runs: the projector's upsert skips runs
 	// pruned to tombstones (and locks their head rows FOR KEY SHARE, so a
 	// prune cannot commit between its check and its write), and pruning a
 	// run drops its read-model row in the statement that tombstones it.
 	"projector/workflow_state.go": {"workflows": "FOR KEY SHARE guard against pruned runs"},
 	"workflow/prune.go":           {"workflow_state": "deleted with the tombstoning"},
+	// `bench -history` is a fixture, like a test's: it copies rows the
+	// components wrote (head rows, events, read-model rows) under new
+	// keys, byte for byte but for the keys and ids, so a run can start
+	// from millions of operations of history. Methods of the owners for
+	// it would put fixture code in the product.
+	"cmd/effectline/loadgen/history.go": {"operations": "fixture: copies of the warm-up's head rows",
+		"events": "fixture: copies of the warm-up's events", "operation_state": "fixture: copies of the warm-up's read-model rows"},
 	// The workflow driver finds the workflows whose awaited step settled
 	// with one join over every waiting workflow, not one load per workflow.
 	"workflow/driver.go": {"operations": "join of waiting workflows to their steps' head rows"},

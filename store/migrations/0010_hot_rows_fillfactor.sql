@@ -1,0 +1,25 @@
+-- The hot rows keep room on their own page for the versions their updates
+-- write (issue #21).
+--
+-- Every operation's head row in operations is updated at least twice (the
+-- claim, the outcome), and so is its read-model row in operation_state.
+-- None of those updates is HOT: each changes a column an index names
+-- (status in the queues' partial predicates, due_at, lease_until,
+-- updated_at, and record itself, which operations_downstream_id indexes).
+-- A non-HOT update still writes its new version on the row's own page when
+-- the page has room, and that page is the one the insert just touched, in
+-- the cache. At the default fillfactor the insert filled the page, so each
+-- new version went wherever the free-space map found room: on a table of
+-- millions of vacuumed pages that is anywhere, and mostly out of the cache.
+-- After five million operations of history, one flat-out run of 20,000
+-- operations read 80,719 heap blocks of operations and 30,980 of
+-- operation_state from outside shared_buffers (a fresh database: 4,256 and
+-- 4,954); at fillfactor 85, 16,583 and 22,367; at 70, 9,918 and 10,239
+-- (docs/benchmarks.md, "Session 12"). 70 leaves a page room for about two
+-- new versions of ~1 KB.
+--
+-- The price is disk: settled rows keep their page's reserve, so these two
+-- heaps hold about a third more pages for the same history. Only pages
+-- filled from now on follow the setting; existing pages keep their rows.
+ALTER TABLE operations SET (fillfactor = 70);
+ALTER TABLE operation_state SET (fillfactor = 70);
