@@ -175,9 +175,9 @@ const readAllGrace = 30 * time.Second
 // For those checks to be reliable on a slow CI machine, ReadAll always returns
 // every record that was already in the topic when it was called, reading past
 // timeout if it must; the timeout only bounds waiting for records that have
-// not been published yet. Records that arrive in the same fetch as the
-// want-th are included, so the result can exceed want. With want <= 0 it
-// reads until the timeout.
+// not been published yet. So the result can exceed want: it holds at least
+// every record that was in the topic at the call, and whatever else arrived
+// in the same fetches. With want <= 0 it reads until the timeout.
 func (b *Broker) ReadAll(t testing.TB, topic string, want int, timeout time.Duration) []Record {
 	t.Helper()
 
@@ -206,7 +206,13 @@ func (b *Broker) ReadAll(t testing.TB, topic string, want int, timeout time.Dura
 		out     []Record
 		lastErr error
 	)
-	for want <= 0 || len(out) < want {
+	for {
+		// Having want records is not enough: every record already in the
+		// topic is read, or a check for one partition's message passes or
+		// fails by which partition's fetch came back first.
+		if want > 0 && len(out) >= want && caughtUp() {
+			break
+		}
 		pollCtx, pollCancel := hardCtx, context.CancelFunc(func() {})
 		if time.Now().Before(soft) {
 			pollCtx, pollCancel = context.WithDeadline(hardCtx, soft)
