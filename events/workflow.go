@@ -3,6 +3,7 @@ package events
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -217,4 +218,21 @@ type WorkflowCompletedData struct {
 type WorkflowUnwoundData struct {
 	// Undone lists the steps undone, in the order they were.
 	Undone []string `json:"undone"`
+}
+
+// StepWorkflowID returns the workflow run a step's or an undo's operation
+// key names, "wf:<workflow id>/<step>[~undo]". Neither a workflow id nor a
+// step name holds a '/', so the id is everything up to the first one. An
+// agent's own keys of that shape (outbox.OperationKey) parse too, naming a
+// run the engine may not have.
+func StepWorkflowID(key string) (string, bool) {
+	rest, ok := strings.CutPrefix(key, "wf:")
+	if !ok {
+		return "", false
+	}
+	id, _, ok := strings.Cut(rest, "/")
+	if !ok || id == "" {
+		return "", false
+	}
+	return id, true
 }

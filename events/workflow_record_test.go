@@ -81,3 +81,12 @@ func TestDecodeWorkflow(t *testing.T) {
 		}
 	}
 }
+
+func TestStepWorkflowID(t *testing.T) {
+	for key, want := range map[string]string{"wf:w1/charge": "w1", "wf:w1/charge~undo": "w1", "wf:/x": "", "wf:w1": "", "order-1": ""} {
+		got, ok := events.StepWorkflowID(key)
+		if got != want || ok != (want != "") {
+			t.Errorf("StepWorkflowID(%q) = %q, %t; want %q", key, got, ok, want)
+		}
+	}
+}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -369,7 +368,7 @@ func (s *Store) pruneCandidates(ctx context.Context, tool string, after PruneCur
 func (s *Store) pruneKeys(ctx context.Context, keys []string, settledBefore, now time.Time) (int, error) {
 	var runs []string
 	for _, k := range keys {
-		if id, ok := stepRun(k); ok {
+		if id, ok := events.StepWorkflowID(k); ok {
 			runs = append(runs, id)
 		}
 	}
@@ -410,19 +409,6 @@ func (s *Store) pruneKeys(ctx context.Context, keys []string, settledBefore, now
 		return 0, err
 	}
 	return n, nil
-}
-
-// stepRun returns the workflow id of a step's or an undo's operation key,
-// "wf:<workflow id>/<step>…" (a workflow id holds no '/'). An agent's own
-// step keys (outbox.OperationKey) have the same shape and name no run of
-// the engine, or one that does not await them: locking it costs a lock.
-func stepRun(key string) (string, bool) {
-	rest, ok := strings.CutPrefix(key, "wf:")
-	if !ok {
-		return "", false
-	}
-	id, _, ok := strings.Cut(rest, "/")
-	return id, ok && id != ""
 }
 
 // PruneSettled prunes the operations of tool that settled before

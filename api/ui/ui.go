@@ -286,7 +286,7 @@ func (s *UI) queueItem(op events.Operation, sess uiSession) uiItem {
 		Key: op.Key, Href: uiOperationHref(op.Key), Tool: op.Tool, EffectClass: string(op.EffectClass),
 		Status: string(op.Status), Attempt: op.Attempt, Since: since(op.UpdatedAt), updated: op.UpdatedAt,
 	}
-	if id, ok := workflowOf(op.Key); ok && s.workflows != nil {
+	if id, ok := events.StepWorkflowID(op.Key); ok && s.workflows != nil {
 		it.Workflow, it.WorkflowHref = id, uiWorkflowHref(id)
 	}
 	var proposed events.Action

@@ -273,18 +273,4 @@ func (s *UI) uiWorkflowDecide(w http.ResponseWriter, r *http.Request) {
 	redirect(w, r, back)
 }
 
-// workflowOf returns the workflow run a step's (or an undo's) operation
-// key names: "wf:<id>/<step>".
-func workflowOf(key string) (string, bool) {
-	rest, ok := strings.CutPrefix(key, "wf:")
-	if !ok {
-		return "", false
-	}
-	i := strings.LastIndexByte(rest, '/')
-	if i <= 0 {
-		return "", false
-	}
-	return rest[:i], true
-}
-
 func uiWorkflowHref(id string) string { return "/ui/workflows/" + url.PathEscape(id) }
