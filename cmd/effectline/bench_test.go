@@ -28,6 +28,10 @@ func TestBenchSmoke(t *testing.T) {
 			if m[1] != "300" || m[2] != "0" || m[3] != "0" {
 				t.Fatalf("bench reported ops=%s duplicates=%s lost=%s", m[1], m[2], m[3])
 			}
+			// The stages are read from the journal by the run's keys.
+			if !regexp.MustCompile(`(?m)^stages: intent recorded → attempt started p50=[\d.]+ms`).MatchString(p.output()) {
+				t.Errorf("no stages line:\n%s", p.output())
+			}
 			if err := p.wait(time.Minute); err != nil {
 				t.Fatalf("bench exited with %v", err)
 			}

@@ -279,7 +279,11 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 	if wlat.n > 0 {
 		fmt.Fprintf(stdout, "journaled (write side): p50=%.1fms p99=%.1fms\n", ms(wlat.quantile(0.50)), ms(wlat.quantile(0.99)))
 	}
-	if err := printStages(ctx, a.Store, benchKeyPrefix(), stdout); err != nil {
+	keys := make([]string, bc.N)
+	for i := range keys {
+		keys[i] = benchKey(i)
+	}
+	if err := printStages(ctx, a.Store, keys, stdout); err != nil {
 		return fmt.Errorf("bench: reading the journal's stage times: %w", err)
 	}
 	var afterAll int64

@@ -16,9 +16,9 @@ import (
 // there to the attempt's success (the downstream call and the outcome's
 // journal). The rest of the end-to-end figure is the outcome's way to the
 // read model (the relay again, the outcomes topic, the projector). It
-// reads every event under prefix once, after the run.
-func printStages(ctx context.Context, st *store.Store, prefix string, w io.Writer) error {
-	first, err := st.FirstEventTimes(ctx, prefix, events.IntentRecorded, events.AttemptStarted, events.AttemptSucceeded)
+// reads the events of the run's keys once, after the run.
+func printStages(ctx context.Context, st *store.Store, keys []string, w io.Writer) error {
+	first, err := st.FirstEventTimes(ctx, keys, events.IntentRecorded, events.AttemptStarted, events.AttemptSucceeded)
 	if err != nil {
 		return err
 	}

@@ -149,7 +149,13 @@ func RunWorkflows(ctx context.Context, bc Config, cfg app.Config, getenv func(st
 
 	// Hops, from the operations' journal: when step n's operation completed
 	// and when step n+1's first attempt started.
-	first, err := a.Store.FirstEventTimes(ctx, "wf:wfbench-", events.AttemptStarted, events.AttemptSucceeded, events.ReconciliationResolved)
+	stepKeys := make([]string, 0, bc.N*len(benchSteps))
+	for i := range bc.N {
+		for _, step := range benchSteps {
+			stepKeys = append(stepKeys, workflow.StepKey(benchWorkflowID(i), step, 0))
+		}
+	}
+	first, err := a.Store.FirstEventTimes(ctx, stepKeys, events.AttemptStarted, events.AttemptSucceeded, events.ReconciliationResolved)
 	if err != nil {
 		return err
 	}
