@@ -2,6 +2,8 @@ package projector
 
 import (
 	"context"
+	"reflect"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -11,6 +13,14 @@ import (
 // RebuildPaged is Rebuild with small pages, so a test can make operations
 // straddle page boundaries without journaling thousands of events.
 var RebuildPaged = rebuild
+
+// LoadFolds reads operations' folds from operation_state as the projector
+// does when its cache misses.
+var LoadFolds = loadRecords
+
+// StateRecordFields are the JSON names of the fold's fields that
+// operation_state.record holds.
+func StateRecordFields() []string { return jsonNames(reflect.TypeOf(stateRecord{})) }
 
 // OpenWritePool is the pool a running projector flushes on.
 var OpenWritePool = openWritePool
@@ -39,4 +49,20 @@ func WriteWorkflows(ctx context.Context, pool *pgxpool.Pool, recs ...events.Work
 		rows[i] = workflowRow{rec: r}
 	}
 	return workflowStream{}.write(ctx, pool, rows)
+}
+
+// jsonNames are the JSON names of t's fields.
+func jsonNames(t reflect.Type) []string {
+	var names []string
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		names = append(names, name)
+	}
+	return names
+}
+
+// WriteOperations writes operations' folds to operation_state as a
+// projector's flush does, and returns the keys it wrote.
+func WriteOperations(ctx context.Context, pool *pgxpool.Pool, ops ...events.Operation) ([]string, error) {
+	return upsert(ctx, pool, ops)
 }

@@ -152,16 +152,20 @@ func pageLimit(n int) (int, error) {
 	return n, nil
 }
 
-func scanState(row pgx.CollectableRow) (events.Operation, error) {
+func scanState(row pgx.CollectableRow) (events.Operation, error) { return scanStateAnd(row) }
+
+// scanStateAnd is scanState for a statement that selects more after
+// stateColumns, into extra.
+func scanStateAnd(row pgx.CollectableRow, extra ...any) (events.Operation, error) {
 	var (
 		s                    events.Operation
 		class, status, phase string
 		attempt, comps, evid int32
 		result, escalation   []byte
 	)
-	err := row.Scan(&s.Key, &s.Tool, &class, &s.PayloadHash, &s.Principal, &status, &phase, &attempt,
+	err := row.Scan(append([]any{&s.Key, &s.Tool, &class, &s.PayloadHash, &s.Principal, &status, &phase, &attempt,
 		&s.LeaseUntil, &result, &s.DownstreamID, &s.UndoRef, &s.LastErrorClass, &comps, &evid,
-		&escalation, &s.Seq, &s.CreatedAt, &s.UpdatedAt)
+		&escalation, &s.Seq, &s.CreatedAt, &s.UpdatedAt}, extra...)...)
 	if err != nil {
 		return events.Operation{}, err
 	}

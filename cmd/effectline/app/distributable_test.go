@@ -639,7 +639,7 @@ func (w *distWorld) coldProjector() (stop func()) {
 	go func() { done <- p.Run(ctx) }()
 	return func() {
 		w.t.Helper()
-		for !w.log.has("SELECT record FROM operation_state WHERE operation_key = ANY($1)") && w.ctx.Err() == nil {
+		for !w.log.has(", record FROM operation_state WHERE operation_key = ANY($1)") && w.ctx.Err() == nil {
 			time.Sleep(5 * time.Millisecond)
 		}
 		cancel()
