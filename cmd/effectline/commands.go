@@ -99,6 +99,9 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	err = run(ctx, bc, cfg, getenv, stdout, stderr)
 	if errors.Is(err, loadgen.ErrConfig) {
+		// main prints nothing for a usage error (the flag package has
+		// printed it already); this one no flag parser has seen.
+		fmt.Fprintln(stderr, "effectline bench:", err)
 		err = fmt.Errorf("%w: %w", errUsage, err)
 	}
 	return err

@@ -66,6 +66,15 @@ func TestGuidanceMissingDatabase(t *testing.T) {
 		[]string{"PostgreSQL must be running", "pg_ctlcluster"})
 }
 
+// TestGuidanceBenchFlagsThatDoNotGoTogether: flags each valid alone but
+// not together are refused with the rule, not with a silent exit status.
+func TestGuidanceBenchFlagsThatDoNotGoTogether(t *testing.T) {
+	t.Parallel()
+	p := start(t, "bench -in -duration", map[string]string{envDatabaseURL: testenv.DatabaseURL()},
+		"bench", "-in", "effectline_bench_none", "-duration", "1m", "-rate", "500")
+	finish(t, p, 30*time.Second, 1, []string{"effectline bench:", "-in without -history, -duration and -workflows"}, nil)
+}
+
 func TestGuidancePortInUse(t *testing.T) {
 	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
