@@ -150,6 +150,19 @@ func TestBenchHistory(t *testing.T) {
 	if err := again.wait(time.Minute); err != nil {
 		t.Fatalf("bench -in exited with %v", err)
 	}
+
+	// A soak in the same database: how a long run behaves on top of a
+	// history (its keys carry a tag of their own too).
+	soakLast := regexp.MustCompile(`^soak: ops=(\d+) throughput=[\d.]+/s p50=[\d.]+ms p99=[\d.]+ms duplicates=(\d+) lost=(\d+)$`)
+	soak := start(t, "bench-in-soak", map[string]string{envDatabaseURL: testenv.DatabaseURL()},
+		"bench", "-in", db, "-duration", "3s", "-window", "1s", "-rate", "40", "-warmup", "10")
+	m = soak.waitLine(soakLast, 3*time.Minute)
+	if n, _ := strconv.Atoi(m[1]); n == 0 || m[2] != "0" || m[3] != "0" {
+		t.Fatalf("bench -in -duration reported ops=%s duplicates=%s lost=%s", m[1], m[2], m[3])
+	}
+	if err := soak.wait(time.Minute); err != nil {
+		t.Fatalf("bench -in -duration exited with %v", err)
+	}
 }
 
 // TestBenchSoak runs the soak mode briefly with pruning on and parses its

@@ -84,7 +84,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs.DurationVar(&bc.Window, "window", time.Minute, "soak: the interval of its lines")
 	fs.DurationVar(&bc.Retention, "retention", 0, "the bench tool's dedup_window: settled operations are pruned to tombstones after it (0: the default 720h)")
 	fs.IntVar(&bc.History, "history", 0, "seed this many settled operations of history (copies of the warm-up's, keys and downstream ids of their own, dated back at -rate) before the measured run, then vacuum, analyze and checkpoint as a production server would; the run is then against a database with that history")
-	fs.StringVar(&bc.In, "in", "", "run in this existing database (one that -keep left, with its history) instead of a fresh one, under keys of the run's own; it is kept")
+	fs.StringVar(&bc.In, "in", "", "run (or soak, with -duration) in this existing database (one that -keep left, with its history) instead of a fresh one, under keys of the run's own; it is kept")
 	fs.DurationVar(&bc.TombstoneRetention, "tombstone-retention", 0, "with -retention: delete tombstones after this long (0: keep them)")
 	if err := fs.parse(args); err != nil {
 		return err

@@ -70,9 +70,9 @@ func TestGuidanceMissingDatabase(t *testing.T) {
 // not together are refused with the rule, not with a silent exit status.
 func TestGuidanceBenchFlagsThatDoNotGoTogether(t *testing.T) {
 	t.Parallel()
-	p := start(t, "bench -in -duration", map[string]string{envDatabaseURL: testenv.DatabaseURL()},
-		"bench", "-in", "effectline_bench_none", "-duration", "1m", "-rate", "500")
-	finish(t, p, 30*time.Second, 1, []string{"effectline bench:", "-in without -history, -duration and -workflows"}, nil)
+	p := start(t, "bench -in -history", map[string]string{envDatabaseURL: testenv.DatabaseURL()},
+		"bench", "-in", "effectline_bench_none", "-history", "1000")
+	finish(t, p, 30*time.Second, 1, []string{"effectline bench:", "-in without -history and -workflows"}, nil)
 }
 
 func TestGuidancePortInUse(t *testing.T) {

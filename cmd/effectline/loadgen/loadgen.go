@@ -113,7 +113,7 @@ func (s *waitStats) add(d time.Duration, status int) {
 // ErrConfig says a Config field is out of range.
 var ErrConfig = errors.New("-n, -batch and -concurrency must be positive, -rate and -warmup not negative, -via outbox or http, -wait only with -via http; " +
 	"-duration (a soak) needs -rate > 0, -via outbox and a positive -window; -retention and -tombstone-retention not negative; -split only with -via http and without -duration, -replicas only with -split; " +
-	"-history not negative, with -warmup > 0 and without -duration; -in without -history, -duration and -workflows")
+	"-history not negative, with -warmup > 0 and without -duration; -in without -history and -workflows")
 
 func (bc Config) check() error {
 	if bc.N <= 0 || bc.Batch <= 0 || bc.Concurrency <= 0 || bc.Rate < 0 || bc.Warmup < 0 || (bc.Via != "outbox" && bc.Via != "http") ||
@@ -121,7 +121,7 @@ func (bc Config) check() error {
 		(bc.Duration > 0 && (bc.Rate == 0 || bc.Via != "outbox" || bc.Window <= 0)) ||
 		(bc.Split && (bc.Via != "http" || bc.Duration > 0)) || (bc.Replicas > 1 && !bc.Split) || bc.Replicas < 0 ||
 		bc.History < 0 || (bc.History > 0 && (bc.Warmup == 0 || bc.Duration > 0)) ||
-		(bc.In != "" && (bc.History > 0 || bc.Duration > 0)) {
+		(bc.In != "" && bc.History > 0) {
 		return ErrConfig
 	}
 	return nil
