@@ -54,12 +54,10 @@ type stateRecord struct {
 }
 
 // StoredRecord returns what operation_state.record holds for op: the
-// fields of the fold its columns leave out (stateRecord). For checks of
-// rows written by other means, such as the load generator's history.
-func StoredRecord(op events.Operation) ([]byte, error) { return stateRecordOf(op) }
-
-// stateRecordOf is op's stateRecord, as JSON jsonb can hold.
-func stateRecordOf(op events.Operation) ([]byte, error) {
+// fields of the fold its columns leave out (stateRecord), as JSON jsonb can
+// hold. rowsOf writes it; the load generator's history checks copies
+// against it.
+func StoredRecord(op events.Operation) ([]byte, error) {
 	b, err := json.Marshal(stateRecord{
 		LeaseOwner: op.LeaseOwner, DueAt: op.DueAt, DownstreamKey: op.DownstreamKey,
 		Approved: op.Approved, Approvals: op.Approvals, LastFailure: op.LastFailure,
@@ -165,12 +163,11 @@ type rows struct {
 func rowsOf(ops []events.Operation) (*rows, error) {
 	r := &rows{}
 	for _, op := range ops {
-		// The read model holds no args: the outcomes topic carries them
-		// redacted and folds into a record without them (events.PublicIntent),
-		// and a record folded from the journal (a gap filled, a rebuild)
-		// must be the same row.
-		op.Args = nil
-		record, err := stateRecordOf(op)
+		// The read model holds no args, in no column and not in the
+		// record: the outcomes topic carries them redacted and folds into a
+		// record without them (events.PublicIntent), and a record folded
+		// from the journal (a gap filled, a rebuild) must be the same row.
+		record, err := StoredRecord(op)
 		if err != nil {
 			return nil, fmt.Errorf("encoding the record of %s: %w", op.Key, err)
 		}
