@@ -20,7 +20,7 @@ var LoadFolds = loadRecords
 
 // StateRecordFields are the JSON names of the fold's fields that
 // operation_state.record holds.
-func StateRecordFields() []string { return jsonNames(reflect.TypeOf(stateRecord{})) }
+func StateRecordFields() []string { return JSONNames(reflect.TypeFor[stateRecord]()) }
 
 // OpenWritePool is the pool a running projector flushes on.
 var OpenWritePool = openWritePool
@@ -51,8 +51,8 @@ func WriteWorkflows(ctx context.Context, pool *pgxpool.Pool, recs ...events.Work
 	return workflowStream{}.write(ctx, pool, rows)
 }
 
-// jsonNames are the JSON names of t's fields.
-func jsonNames(t reflect.Type) []string {
+// JSONNames are the JSON names of the struct type t's fields.
+func JSONNames(t reflect.Type) []string {
 	var names []string
 	for f := range t.Fields() {
 		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")

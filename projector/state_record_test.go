@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"reflect"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -25,17 +24,16 @@ var stateColumnFields = []string{"operation_key", "tool", "effect_class", "paylo
 func TestStateRecordCoversTheFold(t *testing.T) {
 	t.Parallel()
 	inRecord := projector.StateRecordFields()
-	for f := range reflect.TypeFor[events.Operation]().Fields() {
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+	for _, name := range projector.JSONNames(reflect.TypeFor[events.Operation]()) {
 		if name == "args" { // never in the read model
 			continue
 		}
 		col, rec := slices.Contains(stateColumnFields, name), slices.Contains(inRecord, name)
 		switch {
 		case !col && !rec:
-			t.Errorf("events.Operation.%s (%q) is neither a column of operation_state nor in its record", f.Name, name)
+			t.Errorf("events.Operation's %q is neither a column of operation_state nor in its record", name)
 		case col && rec:
-			t.Errorf("events.Operation.%s (%q) is a column of operation_state and in its record too", f.Name, name)
+			t.Errorf("events.Operation's %q is a column of operation_state and in its record too", name)
 		}
 	}
 }
