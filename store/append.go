@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/store/packed"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -133,7 +134,7 @@ func prepare(a Append) (prepared, error) {
 	record = JSONBSafe(record)
 	n := len(a.Events)
 	seqs, ids, types := make([]int64, n), make([]string, n), make([]string, n)
-	envs, times := make([][]byte, n), make([]time.Time, n)
+	envs, stored, times := make([][]byte, n), make([][]byte, n), make([]time.Time, n)
 	prefix := a.TopicPrefix
 	if prefix == "" {
 		prefix = DefaultTopicPrefix
@@ -146,6 +147,7 @@ func prepare(a Append) (prepared, error) {
 			return prepared{}, fmt.Errorf("append to %s: %w", next.Key, err)
 		}
 		seqs[i], ids[i], types[i], envs[i], times[i] = e.Seq, e.EventID, string(e.Type), b, e.OccurredAt
+		stored[i] = packed.Pack(b)
 		for _, t := range events.TopicsFor(e.Type) {
 			obSeqs = append(obSeqs, e.Seq)
 			obTopics = append(obTopics, prefix+t)
@@ -160,7 +162,7 @@ func prepare(a Append) (prepared, error) {
 		due = *next.DueAt
 	}
 	args := []any{next.Key, a.Base.Seq, string(next.Status), next.Seq, lease, due, record, next.UpdatedAt,
-		a.Traceparent, seqs, ids, types, envs, times, obSeqs, obTopics}
+		a.Traceparent, seqs, ids, types, stored, times, obSeqs, obTopics}
 	sql := appendSQL
 	switch {
 	case a.Base.Seq == 0:

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/store/packed"
 )
 
 // JournalTx streams every journaled event inside the caller's transaction,
@@ -53,11 +54,15 @@ func journalPage(ctx context.Context, tx pgx.Tx, afterKey string, afterSeq int64
 	}
 	page, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (events.Envelope, error) {
 		var (
-			key string
-			raw []byte
+			key    string
+			stored []byte
 		)
-		if err := row.Scan(&key, &raw); err != nil {
+		if err := row.Scan(&key, &stored); err != nil {
 			return events.Envelope{}, err
+		}
+		raw, err := packed.Unpack(stored)
+		if err != nil {
+			return events.Envelope{}, fmt.Errorf("journaled event of %s: %w", key, err)
 		}
 		e, err := events.Decode(raw)
 		if err != nil {

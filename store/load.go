@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/store/packed"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -90,9 +91,13 @@ func (s *Store) Events(ctx context.Context, key string, afterSeq int64) ([]Store
 	defer rows.Close()
 	var out []StoredEvent
 	for rows.Next() {
-		var raw []byte
+		var stored []byte
 		var tp string
-		if err := rows.Scan(&raw, &tp); err != nil {
+		if err := rows.Scan(&stored, &tp); err != nil {
+			return nil, fmt.Errorf("loading events of %s: %w", key, err)
+		}
+		raw, err := packed.Unpack(stored)
+		if err != nil {
 			return nil, fmt.Errorf("loading events of %s: %w", key, err)
 		}
 		env, err := events.Decode(raw)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/store/packed"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -201,12 +202,17 @@ func readClaim(br pgx.BatchResults) (kept []OutboxEvent, held int, err error) {
 			seq         int64
 			publishable bool
 		)
-		if err := rows.Scan(&e.ID, &key, &seq, &e.Topic, &e.Raw, &e.Traceparent, &publishable); err != nil {
+		var stored []byte
+		if err := rows.Scan(&e.ID, &key, &seq, &e.Topic, &stored, &e.Traceparent, &publishable); err != nil {
 			return nil, 0, fmt.Errorf("relay batch: claiming: %w", err)
 		}
 		if !publishable {
 			held++
 			continue
+		}
+		e.Raw, err = packed.Unpack(stored)
+		if err != nil {
+			return nil, 0, fmt.Errorf("relay batch: outbox row %d (%s seq %d): %w", e.ID, key, seq, err)
 		}
 		// Raw is published as is; the relay needs the envelope's attributes
 		// for the headers. The strict decoder is the cheap one (1.8 µs

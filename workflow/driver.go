@@ -16,6 +16,7 @@ import (
 	"github.com/effectline/effectline/internal/kafka"
 	"github.com/effectline/effectline/internal/traceparent"
 	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/store/packed"
 )
 
 // Publisher sends workflow events to Kafka and returns once the brokers
@@ -586,10 +587,15 @@ func (d *Driver) PublishOnce(ctx context.Context) (int, error) {
 		for rows.Next() {
 			var id, tp string
 			var seq int64
-			var raw []byte
-			if err := rows.Scan(&id, &seq, &raw, &tp); err != nil {
+			var stored []byte
+			if err := rows.Scan(&id, &seq, &stored, &tp); err != nil {
 				rows.Close()
 				return err
+			}
+			raw, err := packed.Unpack(stored)
+			if err != nil {
+				rows.Close()
+				return fmt.Errorf("workflow %s seq %d: %w", id, seq, err)
 			}
 			var e events.WorkflowEnvelope
 			if err := json.Unmarshal(raw, &e); err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/store/packed"
 )
 
 var (
@@ -148,7 +149,7 @@ func queueHead(b *pgx.Batch, t *transition) error {
 		if err != nil {
 			return fmt.Errorf("encoding %s of workflow %s: %w", e.Type, e.WorkflowID, err)
 		}
-		seqs[i], ids[i], types[i], envs[i], times[i] = e.Seq, e.EventID, string(e.Type), env, e.OccurredAt
+		seqs[i], ids[i], types[i], envs[i], times[i] = e.Seq, e.EventID, string(e.Type), packed.Pack(env), e.OccurredAt
 	}
 	// The head record is a derived copy in jsonb, which cannot hold NUL;
 	// the journal keeps the exact bytes.
@@ -280,9 +281,13 @@ func journal(ctx context.Context, q querier, id string) ([]events.WorkflowEnvelo
 	defer rows.Close()
 	var out []events.WorkflowEnvelope
 	for rows.Next() {
-		var raw []byte
-		if err := rows.Scan(&raw); err != nil {
+		var stored []byte
+		if err := rows.Scan(&stored); err != nil {
 			return nil, err
+		}
+		raw, err := packed.Unpack(stored)
+		if err != nil {
+			return nil, fmt.Errorf("reading workflow %s: %w", id, err)
 		}
 		var e events.WorkflowEnvelope
 		if err := json.Unmarshal(raw, &e); err != nil {
@@ -356,10 +361,14 @@ func (j *Journal) WorkflowJournalTx(ctx context.Context, tx pgx.Tx, pageSize int
 
 func scanJournaled(row pgx.CollectableRow) (events.JournaledWorkflowEvent, error) {
 	var (
-		raw []byte
-		tp  string
+		stored []byte
+		tp     string
 	)
-	if err := row.Scan(&raw, &tp); err != nil {
+	if err := row.Scan(&stored, &tp); err != nil {
+		return events.JournaledWorkflowEvent{}, err
+	}
+	raw, err := packed.Unpack(stored)
+	if err != nil {
 		return events.JournaledWorkflowEvent{}, err
 	}
 	e, err := events.DecodeWorkflow(raw)

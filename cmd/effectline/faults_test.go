@@ -27,6 +27,7 @@ import (
 	"github.com/effectline/effectline/internal/testenv"
 	"github.com/effectline/effectline/outbox"
 	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/store/packed"
 )
 
 // The fault suite runs the real binary against a dependency that misbehaves
@@ -1009,9 +1010,13 @@ func faultProduceIntent(t *testing.T, pr sarama.SyncProducer, cfg kafka.Config, 
 // faultStoredIntent returns the intent.recorded envelope of key as journaled.
 func faultStoredIntent(ctx context.Context, t *testing.T, pool *pgxpool.Pool, key string) (events.Envelope, []byte) {
 	t.Helper()
-	var raw []byte
-	if err := pool.QueryRow(ctx, `SELECT envelope FROM events WHERE operation_key = $1 AND seq = 1`, key).Scan(&raw); err != nil {
+	var stored []byte
+	if err := pool.QueryRow(ctx, `SELECT envelope FROM events WHERE operation_key = $1 AND seq = 1`, key).Scan(&stored); err != nil {
 		t.Fatalf("loading the intent of %s: %v", key, err)
+	}
+	raw, err := packed.Unpack(stored)
+	if err != nil {
+		t.Fatal(err)
 	}
 	env, err := events.Decode(raw)
 	if err != nil {

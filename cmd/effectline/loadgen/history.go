@@ -2,15 +2,22 @@ package loadgen
 
 import (
 	"context"
+	"crypto/md5"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/effectline/effectline/cmd/effectline/app"
+	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/projector"
+	"github.com/effectline/effectline/store/packed"
 )
 
 // History: `bench -history N` measures a run against a database that
@@ -74,17 +81,13 @@ var historyCopySQL = []string{
 SELECT c.key, o.tool, o.effect_class, o.payload_hash, o.status, o.seq, ` + historyRewrite(`o.record::text`) + `::jsonb,
        c.at, c.at + (o.updated_at - o.created_at)
   FROM history_copy c JOIN operations o ON o.operation_key = c.src`,
-	// The new event id is made in a subquery of its own so it is made
-	// once per event and written the same into the column and the
-	// envelope.
+	// The envelopes are rewritten in Go (historyEnvelopes): the journal
+	// stores them packed, which SQL cannot rewrite.
 	`INSERT INTO events (operation_key, seq, event_id, type, envelope, traceparent, occurred_at)
-SELECT c.key, c.seq, c.id, c.type,
-       convert_to(replace(` + historyRewrite(`convert_from(c.envelope, 'UTF8')`) + `, '"' || c.old_id || '"', '"' || c.id || '"'), 'UTF8'),
-       c.traceparent, c.at
-  FROM (SELECT c.key, c.src, c.did, c.newdid, e.seq, e.event_id AS old_id, gen_random_uuid()::text AS id, e.type,
-               e.envelope, e.traceparent, c.at + (e.occurred_at - o.created_at) AS at
-          FROM history_copy c JOIN operations o ON o.operation_key = c.src
-          JOIN events e ON e.operation_key = c.src) c`,
+SELECT c.key, e.seq, h.event_id, e.type, h.envelope, e.traceparent, c.at + (e.occurred_at - o.created_at)
+  FROM history_copy c JOIN operations o ON o.operation_key = c.src
+  JOIN events e ON e.operation_key = c.src
+  JOIN history_envelope h ON h.operation_key = c.key AND h.seq = e.seq`,
 	`INSERT INTO operation_state (operation_key, tool, effect_class, payload_hash, principal, status, phase, attempt,
        result, downstream_id, undo_ref, last_error_class, compensations, evidence, escalation, last_seq, record,
        created_at, updated_at, projected_at)
@@ -123,6 +126,7 @@ func seedHistory(ctx context.Context, pool *pgxpool.Pool, prefix string, n, rate
 	now := time.Now()
 	step := time.Second / time.Duration(max(rate, 1))
 	start := time.Now()
+	var journals []historyTemplate
 	for lo := 0; lo < n; lo += historyBatch {
 		hi := min(lo+historyBatch, n)
 		tx, err := conn.Begin(ctx)
@@ -132,6 +136,16 @@ func seedHistory(ctx context.Context, pool *pgxpool.Pool, prefix string, n, rate
 		if _, err := tx.Exec(ctx, historyCopiesSQL, lo, hi, now, n, step, templates); err != nil {
 			tx.Rollback(ctx)
 			return fmt.Errorf("seeding history: naming copies %d-%d: %w", lo, hi, err)
+		}
+		if journals == nil {
+			if journals, err = loadHistoryTemplates(ctx, tx, templates); err != nil {
+				tx.Rollback(ctx)
+				return fmt.Errorf("seeding history: reading the templates' journals: %w", err)
+			}
+		}
+		if err := historyEnvelopes(ctx, tx, journals, lo, hi); err != nil {
+			tx.Rollback(ctx)
+			return fmt.Errorf("seeding history: writing the envelopes of %d-%d: %w", lo, hi, err)
 		}
 		for _, q := range historyCopySQL {
 			if _, err := tx.Exec(ctx, q); err != nil {
@@ -220,4 +234,77 @@ SELECT o.record = $2::jsonb, s.record = $3::jsonb,
 		}
 	}
 	return nil
+}
+
+// historyTemplate is a template operation's journal, its envelopes
+// unpacked, for historyEnvelopes to rewrite.
+type historyTemplate struct {
+	src, did string
+	events   []historyTemplateEvent
+}
+
+type historyTemplateEvent struct {
+	seq      int64
+	id, json string
+}
+
+// loadHistoryTemplates reads the journal of every template, indexed as
+// history_template numbers them.
+func loadHistoryTemplates(ctx context.Context, q pgx.Tx, count int64) ([]historyTemplate, error) {
+	rows, err := q.Query(ctx, `SELECT t.idx, t.src, coalesce(t.did, ''), e.seq, e.event_id, e.envelope
+  FROM history_template t JOIN events e ON e.operation_key = t.src ORDER BY t.idx, e.seq`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make([]historyTemplate, count)
+	for rows.Next() {
+		var (
+			idx          int64
+			src, did, id string
+			seq          int64
+			stored       []byte
+		)
+		if err := rows.Scan(&idx, &src, &did, &seq, &id, &stored); err != nil {
+			return nil, err
+		}
+		env, err := packed.Unpack(stored)
+		if err != nil {
+			return nil, fmt.Errorf("template %s seq %d: %w", src, seq, err)
+		}
+		t := &out[idx]
+		t.src, t.did = src, did
+		t.events = append(t.events, historyTemplateEvent{seq: seq, id: id, json: string(env)})
+	}
+	return out, rows.Err()
+}
+
+// historyEnvelopes writes, into the transaction's history_envelope table,
+// the envelopes of copies lo … hi-1: the template's, with the copy's key,
+// downstream id and a fresh event id in place of the template's (each
+// appears in JSON only as a whole quoted string), packed as the journal
+// stores them. The copies are named as historyCopiesSQL names them.
+func historyEnvelopes(ctx context.Context, tx pgx.Tx, templates []historyTemplate, lo, hi int) error {
+	if _, err := tx.Exec(ctx, `CREATE TEMPORARY TABLE history_envelope
+  (operation_key text, seq bigint, event_id text, envelope bytea) ON COMMIT DROP`); err != nil {
+		return err
+	}
+	var rows [][]any
+	for i := lo; i < hi; i++ {
+		t := templates[i%len(templates)]
+		sum := md5.Sum([]byte(strconv.Itoa(i)))
+		key := "history/" + hex.EncodeToString(sum[:])
+		for _, e := range t.events {
+			id := events.NewID()
+			env := e.json
+			if t.did != "" {
+				env = strings.ReplaceAll(env, `"`+t.did+`"`, `"hist_`+strconv.Itoa(i)+`"`)
+			}
+			env = strings.ReplaceAll(env, `"`+t.src+`"`, `"`+key+`"`)
+			env = strings.ReplaceAll(env, `"`+e.id+`"`, `"`+id+`"`)
+			rows = append(rows, []any{key, e.seq, id, packed.Pack([]byte(env))})
+		}
+	}
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{"history_envelope"}, []string{"operation_key", "seq", "event_id", "envelope"}, pgx.CopyFromRows(rows))
+	return err
 }

@@ -1,0 +1,147 @@
+package packed
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+var sampleEnvelopes = []string{
+	`{"event_id":"8c037b65-977a-4d82-bc48-3bd5a2413542","type":"intent.recorded","operation_key":"history/05844f7bfc8b89f0512de7c545ad502c","seq":1,"occurred_at":"2026-12-04T22:40:07.159274681Z","tool":"bench.charge","effect_class":"irreversible","data":{"args":{"amount":269,"currency":"EUR"},"principal":"bench-agent"}}`,
+	`{"event_id":"49cd3bd2-c2d3-46c2-8bd1-f4cf1d0b5bd6","type":"attempt.started","operation_key":"history/05844f7bfc8b89f0512de7c545ad502c","seq":2,"occurred_at":"2026-12-04T22:40:07.161208522Z","tool":"bench.charge","effect_class":"irreversible","attempt":1,"data":{"downstream_key":"history/05844f7bfc8b89f0512de7c545ad502c","worker":"vm-8377-f8a0","lease_until":"2026-12-04T22:40:37.161208522Z"}}`,
+	`{"event_id":"7bcd8f24-9c7b-4675-af8e-28c13e832660","type":"attempt.succeeded","operation_key":"history/05844f7bfc8b89f0512de7c545ad502c","seq":3,"occurred_at":"2026-12-04T22:40:07.164872943Z","tool":"bench.charge","effect_class":"irreversible","attempt":1,"data":{"status_code":200,"result":{"id":"hist_92569","status":"succeeded"},"downstream_id":"hist_92569"}}`,
+}
+
+func TestPackedEnvelopesUnpackToTheSameBytes(t *testing.T) {
+	for _, env := range sampleEnvelopes {
+		stored := Pack([]byte(env))
+		if stored[0] != tagV1 {
+			t.Fatalf("a typical envelope was stored plain: %q", stored)
+		}
+		if len(stored)*2 > len(env) {
+			t.Errorf("packed %d bytes into %d: the dictionary no longer fits the envelopes", len(env), len(stored))
+		}
+		got, err := Unpack(stored)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != env {
+			t.Fatalf("unpacked\n%s\nwant\n%s", got, env)
+		}
+	}
+}
+
+func TestPlainValuesAreReadAsTheyAre(t *testing.T) {
+	// Rows written before packing, and values packing would not shrink.
+	for _, v := range []string{sampleEnvelopes[0], `{}`, ``} {
+		got, err := Unpack([]byte(v))
+		if err != nil || string(got) != v {
+			t.Fatalf("Unpack(%q) = %q, %v", v, got, err)
+		}
+	}
+	if got := Pack([]byte(`{}`)); string(got) != `{}` {
+		t.Fatalf("a value packing cannot shrink was changed: %q", got)
+	}
+}
+
+func TestDamagedValuesAreErrorsNotPanics(t *testing.T) {
+	good := Pack([]byte(sampleEnvelopes[1]))
+	for name, v := range map[string][]byte{
+		"unknown tag":   append([]byte{0x7f}, good[1:]...),
+		"truncated":     good[:len(good)/2],
+		"tag only":      {tagV1},
+		"huge length":   {tagV1, 0xff, 0xff, 0xff, 0xff, 0x0f},
+		"flipped bytes": flip(good, 5),
+	} {
+		if _, err := Unpack(v); !errors.Is(err, ErrCorrupt) {
+			// A flipped literal byte can decode to other JSON; what
+			// matters is that nothing panics and damage is not silent
+			// where the format can see it.
+			if name == "flipped bytes" {
+				continue
+			}
+			t.Errorf("%s: err = %v, want ErrCorrupt", name, err)
+		}
+	}
+}
+
+func flip(b []byte, i int) []byte {
+	c := bytes.Clone(b)
+	c[i] ^= 0xff
+	return c
+}
+
+// TestDictionariesAreFrozen fails when a dictionary file changes. Rows
+// packed with it would no longer unpack: add a new dictionary with a new
+// tag instead, and keep reading this one.
+func TestDictionariesAreFrozen(t *testing.T) {
+	frozen := map[string]string{
+		"dictionary-v1.jsonl": "f134f0631beb0c36192adc5ce2884d9710052e0c52c076e35adb8e0e71612da9",
+	}
+	files, err := filepath.Glob("dictionary-*.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := sha256.Sum256(b)
+		want, ok := frozen[f]
+		if !ok {
+			t.Errorf("%s is not listed as frozen here", f)
+			continue
+		}
+		if got := hex.EncodeToString(sum[:]); got != want {
+			t.Errorf("%s changed (sha256 %s, frozen as %s): envelopes packed with it could no longer be read", f, got, want)
+		}
+	}
+	if !strings.Contains(string(dictionaryV1), `"type":"intent.recorded"`) {
+		t.Error("the embedded dictionary is not dictionary-v1.jsonl")
+	}
+}
+
+func FuzzUnpack(f *testing.F) {
+	for _, env := range sampleEnvelopes {
+		f.Add(Pack([]byte(env)))
+		f.Add([]byte(env))
+	}
+	f.Fuzz(func(t *testing.T, stored []byte) {
+		out, err := Unpack(stored)
+		if err != nil {
+			return
+		}
+		if len(out) > MaxUnpacked {
+			t.Fatalf("unpacked %d bytes", len(out))
+		}
+		// What unpacks, packs again to something that unpacks the same.
+		again, err := Unpack(Pack(out))
+		if err != nil || !bytes.Equal(again, out) {
+			t.Fatalf("round trip of %q: %q, %v", out, again, err)
+		}
+	})
+}
+
+func BenchmarkPack(b *testing.B) {
+	env := []byte(sampleEnvelopes[2])
+	b.SetBytes(int64(len(env)))
+	for b.Loop() {
+		Pack(env)
+	}
+}
+
+func BenchmarkUnpack(b *testing.B) {
+	stored := Pack([]byte(sampleEnvelopes[2]))
+	b.SetBytes(int64(len(sampleEnvelopes[2])))
+	for b.Loop() {
+		if _, err := Unpack(stored); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
