@@ -2,14 +2,11 @@ package api
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/store"
@@ -57,25 +54,14 @@ func TestIntentKeyRule(t *testing.T) {
 // does with ListFilter.Principal.
 func scopedOperations(st *store.Store) Operations {
 	return OperationsFunc(func(ctx context.Context, f events.ListFilter) (events.ListPage, error) {
-		rows, err := st.Pool().Query(ctx, `SELECT record FROM operations
+		rows, err := st.Pool().Query(ctx, `SELECT `+store.HeadColumns+` FROM operations
 			WHERE ($1 = '' OR status = $1) AND ($2 = '' OR record->>'principal' = $2)
 			ORDER BY created_at DESC LIMIT $3`, string(f.Status), f.Principal, f.Limit)
 		if err != nil {
 			return events.ListPage{}, err
 		}
-		records, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
-		if err != nil {
-			return events.ListPage{}, err
-		}
-		var page events.ListPage
-		for _, r := range records {
-			var op events.Operation
-			if err := json.Unmarshal(r, &op); err != nil {
-				return events.ListPage{}, err
-			}
-			page.Items = append(page.Items, op)
-		}
-		return page, nil
+		ops, err := store.CollectHeads(rows)
+		return events.ListPage{Items: ops}, err
 	})
 }
 

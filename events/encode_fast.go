@@ -449,14 +449,22 @@ func (d *DecisionData) fastMarshal(w *fastWriter) {
 	w.rawOmit("result", d.Result)
 }
 
-func (o *Operation) fastMarshal(w *fastWriter) {
-	w.str("operation_key", o.Key)
-	w.str("tool", o.Tool)
-	w.str("effect_class", string(o.EffectClass))
-	w.str("payload_hash", o.PayloadHash)
+func (o *Operation) fastMarshal(w *fastWriter) { o.appendMembers(w, true) }
+
+// appendMembers writes op's members; without identity, it leaves out the
+// six that MarshalOperationBody leaves out.
+func (o *Operation) appendMembers(w *fastWriter, identity bool) {
+	if identity {
+		w.str("operation_key", o.Key)
+		w.str("tool", o.Tool)
+		w.str("effect_class", string(o.EffectClass))
+		w.str("payload_hash", o.PayloadHash)
+	}
 	w.str("principal", o.Principal)
 	w.rawOmit("args", o.Args)
-	w.str("status", string(o.Status))
+	if identity {
+		w.str("status", string(o.Status))
+	}
 	w.str("phase", string(o.Phase))
 	w.int("attempt", int64(o.Attempt))
 	w.strOmit("lease_owner", o.LeaseOwner)
@@ -491,7 +499,9 @@ func (o *Operation) fastMarshal(w *fastWriter) {
 		w.ok = w.ok && ok
 		w.b = append(w.b, b...)
 	}
-	w.int("seq", o.Seq)
+	if identity {
+		w.int("seq", o.Seq)
+	}
 	w.timeOmit("first_attempt_at", o.FirstAttemptAt)
 	w.timeOmit("last_attempt_at", o.LastAttemptAt)
 	w.timeOmit("last_outcome_at", o.LastOutcomeAt)

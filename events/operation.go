@@ -83,6 +83,36 @@ func MarshalOperation(op Operation) ([]byte, error) {
 	return marshal(op)
 }
 
+// BodyMembers are the members MarshalOperationBody leaves out: the ones a
+// store keeps in columns of their own.
+var BodyMembers = []string{"operation_key", "tool", "effect_class", "payload_hash", "status", "seq"}
+
+// MarshalOperationBody is MarshalOperation without the members in
+// BodyMembers, for a store that keeps those in columns beside the JSON
+// (the head row in operations). UnmarshalOperation reads it; the caller
+// sets the six fields from its columns.
+func MarshalOperationBody(op Operation) ([]byte, error) {
+	w := fastWriter{ok: true}
+	op.appendMembers(&w, false)
+	if b, ok := w.end(); ok {
+		return b, nil
+	}
+	// A value the fast writer leaves to encoding/json (a list of
+	// approvals): the whole record, less the six members.
+	full, err := marshal(op)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(full, &m); err != nil {
+		return nil, err
+	}
+	for _, name := range BodyMembers {
+		delete(m, name)
+	}
+	return marshal(m)
+}
+
 // UnmarshalOperation decodes a record MarshalOperation wrote. The record
 // always carries "result", null until the downstream answered; decoded by
 // json.Unmarshal alone that null would become the bytes "null" rather than

@@ -127,7 +127,8 @@ func prepare(a Append) (prepared, error) {
 	if err != nil {
 		return prepared{}, fmt.Errorf("append to %s: %w", a.Events[0].OperationKey, err)
 	}
-	record, err := events.MarshalOperation(next)
+	// The record leaves out what the row's columns hold (ScanHead).
+	record, err := events.MarshalOperationBody(next)
 	if err != nil {
 		return prepared{}, fmt.Errorf("append to %s: encoding the record: %w", next.Key, err)
 	}

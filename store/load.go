@@ -26,20 +26,61 @@ type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
+// HeadColumns are the columns of operations that, with record, make up
+// the head's fold; ScanHead reads them in this order. The record leaves
+// out what these hold (events.MarshalOperationBody); a record written
+// before it did holds them too, with the same values.
+const HeadColumns = `record, operation_key, tool, effect_class, payload_hash, status, seq`
+
+// ScanHead decodes a head row read as HeadColumns.
+func ScanHead(record []byte, key, tool, class, hash, status string, seq int64) (events.Operation, error) {
+	op, err := events.UnmarshalOperation(record)
+	if err != nil {
+		return events.Operation{}, fmt.Errorf("loading operation %s: decoding the record: %w", key, err)
+	}
+	op.Key, op.Tool, op.EffectClass, op.PayloadHash = key, tool, events.EffectClass(class), hash
+	op.Status, op.Seq = events.Status(status), seq
+	return op, nil
+}
+
+// headRow is a head row as scanned from HeadColumns.
+type headRow struct {
+	record                         []byte
+	key, tool, class, hash, status string
+	seq                            int64
+}
+
+func (h *headRow) dest() []any {
+	return []any{&h.record, &h.key, &h.tool, &h.class, &h.hash, &h.status, &h.seq}
+}
+
+func (h *headRow) operation() (events.Operation, error) {
+	return ScanHead(h.record, h.key, h.tool, h.class, h.hash, h.status, h.seq)
+}
+
+// CollectHeads reads rows selected as HeadColumns into operations, and
+// closes them.
+func CollectHeads(rows pgx.Rows) ([]events.Operation, error) {
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (events.Operation, error) {
+		var h headRow
+		if err := row.Scan(h.dest()...); err != nil {
+			return events.Operation{}, err
+		}
+		return h.operation()
+	})
+}
+
 func loadWith(ctx context.Context, q querier, key string) (events.Operation, error) {
-	var record []byte
+	var h headRow
 	var pruned bool
-	if err := q.QueryRow(ctx, `SELECT record, pruned_at IS NOT NULL FROM operations WHERE operation_key = $1`, key).Scan(&record, &pruned); err != nil {
+	if err := q.QueryRow(ctx, `SELECT `+HeadColumns+`, pruned_at IS NOT NULL FROM operations WHERE operation_key = $1`, key).
+		Scan(append(h.dest(), &pruned)...); err != nil {
 		return events.Operation{}, fmt.Errorf("loading operation %s: %w", key, interpretError(err))
 	}
 	if pruned {
 		return events.Operation{}, prunedError(ctx, q, key)
 	}
-	op, err := events.UnmarshalOperation(record)
-	if err != nil {
-		return events.Operation{}, fmt.Errorf("loading operation %s: decoding the record: %w", key, err)
-	}
-	return op, nil
+	return h.operation()
 }
 
 // LoadMany returns the head records of the operations that exist among keys.
@@ -54,20 +95,16 @@ func LoadManyTx(ctx context.Context, tx pgx.Tx, keys []string) (map[string]event
 }
 
 func loadMany(ctx context.Context, q querier, keys []string) (map[string]events.Operation, error) {
-	rows, err := q.Query(ctx, `SELECT record FROM operations WHERE operation_key = ANY($1) AND pruned_at IS NULL`, keys)
+	rows, err := q.Query(ctx, `SELECT `+HeadColumns+` FROM operations WHERE operation_key = ANY($1) AND pruned_at IS NULL`, keys)
 	if err != nil {
 		return nil, fmt.Errorf("loading %d operations: %w", len(keys), interpretError(err))
 	}
-	records, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+	heads, err := CollectHeads(rows)
 	if err != nil {
 		return nil, fmt.Errorf("loading %d operations: %w", len(keys), interpretError(err))
 	}
-	ops := make(map[string]events.Operation, len(records))
-	for _, r := range records {
-		op, err := events.UnmarshalOperation(r)
-		if err != nil {
-			return nil, fmt.Errorf("loading operations: decoding a record: %w", err)
-		}
+	ops := make(map[string]events.Operation, len(heads))
+	for _, op := range heads {
 		ops[op.Key] = op
 	}
 	return ops, nil

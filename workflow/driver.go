@@ -296,11 +296,12 @@ func (d *Driver) publishLoop(ctx context.Context) {
 // into it), so this is what makes a run that moved on to another operation
 // drop out.
 const lockDueSQL = `
-SELECT w.workflow_id, w.record, o.record, o.pruned_at IS NOT NULL,
-       (SELECT e.traceparent FROM workflow_events e WHERE e.workflow_id = w.workflow_id AND e.seq = 1)
+SELECT w.workflow_id, w.record, o.pruned_at IS NOT NULL,
+       (SELECT e.traceparent FROM workflow_events e WHERE e.workflow_id = w.workflow_id AND e.seq = 1),
+       o.record, o.operation_key, o.tool, o.effect_class, o.payload_hash, o.status, o.seq
   FROM workflows w
  CROSS JOIN LATERAL (
-       SELECT o.operation_key, o.record, o.pruned_at FROM operations o
+       SELECT o.pruned_at, ` + store.HeadColumns + ` FROM operations o
         WHERE o.operation_key = w.awaiting
           AND o.status IN ('completed', 'failed', 'compensated')
         LIMIT 1) o
@@ -455,18 +456,30 @@ func (d *Driver) lockDue(ctx context.Context, tx pgx.Tx, skip []string) ([]*due,
 		return nil, nil, fmt.Errorf("locking the due workflow runs: %w", store.InterpretError(err))
 	}
 	type locked struct {
-		id      string
-		run, op []byte
-		pruned  bool
-		tp      *string
+		id     string
+		run    []byte
+		pruned bool
+		tp     *string
+		op     events.Operation
 	}
 	var ls []locked
 	for rows.Next() {
-		var l locked
-		if err := rows.Scan(&l.id, &l.run, &l.op, &l.pruned, &l.tp); err != nil {
+		var (
+			l                              locked
+			record                         []byte
+			key, tool, class, hash, status string
+			seq                            int64
+		)
+		if err := rows.Scan(&l.id, &l.run, &l.pruned, &l.tp, &record, &key, &tool, &class, &hash, &status, &seq); err != nil {
 			rows.Close()
 			return nil, nil, fmt.Errorf("locking the due workflow runs: %w", err)
 		}
+		op, err := store.ScanHead(record, key, tool, class, hash, status, seq)
+		if err != nil {
+			rows.Close()
+			return nil, nil, fmt.Errorf("locking the due workflow runs: %w", err)
+		}
+		l.op = op
 		ls = append(ls, l)
 	}
 	rows.Close()
@@ -497,16 +510,12 @@ func (d *Driver) lockDue(ctx context.Context, tx pgx.Tx, skip []string) ([]*due,
 }
 
 // decide is one locked run's transition, or nil when it has none to take.
-func (d *Driver) decide(r events.Workflow, rawOp []byte, pruned bool, tp *string, now time.Time) (*due, error) {
+func (d *Driver) decide(r events.Workflow, op events.Operation, pruned bool, tp *string, now time.Time) (*due, error) {
 	if r.Awaiting == "" || !r.Status.Active() {
 		return nil, nil
 	}
 	if pruned {
 		return nil, fmt.Errorf("the awaited operation %s was pruned", r.Awaiting)
-	}
-	op, err := events.UnmarshalOperation(rawOp)
-	if err != nil {
-		return nil, fmt.Errorf("loading operation %s: decoding the record: %w", r.Awaiting, err)
 	}
 	if !settled(op.Status) {
 		return nil, nil

@@ -16,8 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/effectline/effectline/api"
 	"github.com/effectline/effectline/api/ui"
 	"github.com/effectline/effectline/events"
@@ -173,24 +171,13 @@ func setupApproval(t *testing.T, opts ...option) (*fixture, *tool.Registry) {
 // up.
 func headOperations(st *store.Store) api.Operations {
 	return api.OperationsFunc(func(ctx context.Context, f events.ListFilter) (events.ListPage, error) {
-		rows, err := st.Pool().Query(ctx, `SELECT record FROM operations
+		rows, err := st.Pool().Query(ctx, `SELECT `+store.HeadColumns+` FROM operations
 			WHERE $1 = '' OR status = $1 ORDER BY updated_at DESC LIMIT $2`, string(f.Status), f.Limit)
 		if err != nil {
 			return events.ListPage{}, err
 		}
-		records, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
-		if err != nil {
-			return events.ListPage{}, err
-		}
-		var page events.ListPage
-		for _, r := range records {
-			op, err := events.UnmarshalOperation(r)
-			if err != nil {
-				return events.ListPage{}, err
-			}
-			page.Items = append(page.Items, op)
-		}
-		return page, nil
+		ops, err := store.CollectHeads(rows)
+		return events.ListPage{Items: ops}, err
 	})
 }
 

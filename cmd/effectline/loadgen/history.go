@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/md5"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strconv"
@@ -211,7 +210,7 @@ func checkHistory(ctx context.Context, a *app.App, n int) error {
 		if err != nil {
 			return fmt.Errorf("bench: checking history: %w", err)
 		}
-		head, err := json.Marshal(op)
+		head, err := events.MarshalOperationBody(op)
 		if err != nil {
 			return err
 		}
