@@ -83,12 +83,12 @@ func MarshalOperation(op Operation) ([]byte, error) {
 	return marshal(op)
 }
 
-// BodyMembers are the members MarshalOperationBody leaves out: the ones a
-// store keeps in columns of their own.
-var BodyMembers = []string{"operation_key", "tool", "effect_class", "payload_hash", "status", "seq"}
+// OmittedFromBody are the members MarshalOperationBody leaves out: the
+// ones a store keeps in columns of their own.
+var OmittedFromBody = []string{"operation_key", "tool", "effect_class", "payload_hash", "status", "seq"}
 
 // MarshalOperationBody is MarshalOperation without the members in
-// BodyMembers, for a store that keeps those in columns beside the JSON
+// OmittedFromBody, for a store that keeps those in columns beside the JSON
 // (the head row in operations). UnmarshalOperation reads it; the caller
 // sets the six fields from its columns.
 func MarshalOperationBody(op Operation) ([]byte, error) {
@@ -107,7 +107,7 @@ func MarshalOperationBody(op Operation) ([]byte, error) {
 	if err := json.Unmarshal(full, &m); err != nil {
 		return nil, err
 	}
-	for _, name := range BodyMembers {
+	for _, name := range OmittedFromBody {
 		delete(m, name)
 	}
 	return marshal(m)

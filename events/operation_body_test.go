@@ -9,7 +9,7 @@ import (
 )
 
 // TestOperationBodyAndColumnsAreTheWholeRecord: the body leaves out
-// exactly BodyMembers, and the body with those six set again is the
+// exactly OmittedFromBody, and the body with those six set again is the
 // operation, on the fast writer's path and on encoding/json's (approvals).
 func TestOperationBodyAndColumnsAreTheWholeRecord(t *testing.T) {
 	at := time.Date(2026, 12, 4, 20, 29, 41, 258750370, time.UTC)
@@ -43,7 +43,7 @@ func TestOperationBodyAndColumnsAreTheWholeRecord(t *testing.T) {
 		}
 		for k := range all {
 			_, inBody := members[k]
-			if inBody == slices.Contains(BodyMembers, k) {
+			if inBody == slices.Contains(OmittedFromBody, k) {
 				t.Errorf("%s: member %q in the body: %t", name, k, inBody)
 			}
 		}

@@ -11,7 +11,7 @@ import (
 )
 
 // TestHeadRecordLeavesOutItsColumns: operations.record holds none of the
-// members its columns hold (events.BodyMembers), the head loads as the
+// members its columns hold (events.OmittedFromBody), the head loads as the
 // append returned it, and a row written before (the whole fold in record)
 // loads the same.
 func TestHeadRecordLeavesOutItsColumns(t *testing.T) {
@@ -32,7 +32,7 @@ func TestHeadRecordLeavesOutItsColumns(t *testing.T) {
 	if err := json.Unmarshal(record, &members); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range events.BodyMembers {
+	for _, name := range events.OmittedFromBody {
 		if _, ok := members[name]; ok {
 			t.Errorf("the head record repeats its column %q: %s", name, record)
 		}
