@@ -8,8 +8,8 @@
 // 2 KB. Compressed against a dictionary that already holds those parts,
 // what is left is mostly what is new in this event: its id, its key, its
 // time and its data. On the bench's envelopes that is 357 bytes down to
-// about 110, for a microsecond of CPU to pack and a fraction of one to
-// unpack (docs/benchmarks.md, "Session 14").
+// 156 on average, for under a microsecond of CPU to pack and a seventh of
+// one to unpack (docs/benchmarks.md, "Session 14").
 //
 // The format is S2's block format with a dictionary (github.com/klauspost/
 // compress/s2), behind a one-byte tag that names the dictionary. Stored
