@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/effectline/effectline/events"
-	"github.com/effectline/effectline/store/packed"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -127,8 +126,7 @@ func prepare(a Append) (prepared, error) {
 	if err != nil {
 		return prepared{}, fmt.Errorf("append to %s: %w", a.Events[0].OperationKey, err)
 	}
-	// The record leaves out what the row's columns hold (ScanHead).
-	record, err := events.MarshalOperationBody(next)
+	record, err := storedRecord(next)
 	if err != nil {
 		return prepared{}, fmt.Errorf("append to %s: encoding the record: %w", next.Key, err)
 	}
@@ -148,7 +146,7 @@ func prepare(a Append) (prepared, error) {
 			return prepared{}, fmt.Errorf("append to %s: %w", next.Key, err)
 		}
 		seqs[i], ids[i], types[i], envs[i], times[i] = e.Seq, e.EventID, string(e.Type), b, e.OccurredAt
-		stored[i] = packed.Pack(b)
+		stored[i] = StoredEnvelope(b)
 		for _, t := range events.TopicsFor(e.Type) {
 			obSeqs = append(obSeqs, e.Seq)
 			obTopics = append(obTopics, prefix+t)

@@ -75,3 +75,52 @@ func compact(t *testing.T, raw json.RawMessage) json.RawMessage {
 	}
 	return b.Bytes()
 }
+
+// TestPlainRowsAreWhatOlderBinariesWrote: with store.Plain, a process
+// writes the envelope as its JSON and the whole fold in the head's record,
+// which binaries from before the compact rows read; the compact reader
+// reads them too. Not parallel: the format is process-wide, and parallel
+// tests run only after the sequential ones.
+func TestPlainRowsAreWhatOlderBinariesWrote(t *testing.T) {
+	store.SetRowFormat(store.Plain)
+	defer store.SetRowFormat(store.Compact)
+	s := setup(t)
+	ctx := t.Context()
+	op := create(t, s, "plain/1")
+	op, err := s.Append(ctx, store.Append{Base: op, Events: []events.Envelope{started(t, op, "w1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := s.Events(ctx, op.Key, 0)
+	if err != nil || len(evs) != 2 {
+		t.Fatalf("Events = %d, %v", len(evs), err)
+	}
+	rows, err := s.Pool().Query(ctx, `SELECT seq, envelope FROM events WHERE operation_key = $1 ORDER BY seq`, op.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var seq int64
+		var stored []byte
+		if err := rows.Scan(&seq, &stored); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(stored, evs[seq-1].Raw) {
+			t.Errorf("seq %d is stored as %q, not as its JSON", seq, stored)
+		}
+	}
+	rows.Close()
+
+	var record []byte
+	if err := s.Pool().QueryRow(ctx, `SELECT record FROM operations WHERE operation_key = $1`, op.Key).Scan(&record); err != nil {
+		t.Fatal(err)
+	}
+	whole, err := events.UnmarshalOperation(record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole.Args = compact(t, whole.Args)
+	if !reflect.DeepEqual(whole, op) {
+		t.Errorf("the head's record alone, as an older binary reads it, is\n%+v\nnot\n%+v", whole, op)
+	}
+}

@@ -149,7 +149,7 @@ func queueHead(b *pgx.Batch, t *transition) error {
 		if err != nil {
 			return fmt.Errorf("encoding %s of workflow %s: %w", e.Type, e.WorkflowID, err)
 		}
-		seqs[i], ids[i], types[i], envs[i], times[i] = e.Seq, e.EventID, string(e.Type), packed.Pack(env), e.OccurredAt
+		seqs[i], ids[i], types[i], envs[i], times[i] = e.Seq, e.EventID, string(e.Type), store.StoredEnvelope(env), e.OccurredAt
 	}
 	// The head record is a derived copy in jsonb, which cannot hold NUL;
 	// the journal keeps the exact bytes.

@@ -207,6 +207,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 			return nil, err
 		}
 	}
+	store.SetRowFormat(o.Config.RowFormat)
 	a.Store = store.New(a.Pool)
 	// One flusher, and up to three more only while a backlog lasts: at a
 	// moderate rate a second transaction in flight mostly splits what would

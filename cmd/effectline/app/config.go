@@ -9,6 +9,7 @@ import (
 
 	"github.com/effectline/effectline/cmd/effectline/ops"
 	"github.com/effectline/effectline/pruner"
+	"github.com/effectline/effectline/store"
 )
 
 // Environment variables the binary reads (contract, contract §7). Only cmd
@@ -29,7 +30,11 @@ const (
 	EnvExecutorLease    = "EFFECTLINE_EXECUTOR_LEASE"
 	EnvSweepInterval    = "EFFECTLINE_RECONCILER_SWEEP_INTERVAL"
 	EnvCommitWindow     = "EFFECTLINE_COMMIT_WINDOW"
-	EnvReaders          = "EFFECTLINE_READERS"
+	// EnvRowFormat is how the process writes journal and head rows
+	// (store.RowFormat): compact, the default, or plain for a rolling
+	// upgrade from a binary older than compact rows.
+	EnvRowFormat = "EFFECTLINE_ROW_FORMAT"
+	EnvReaders   = "EFFECTLINE_READERS"
 	// EnvKafkaPrincipals lists the principals an intent produced straight to
 	// Kafka may name (contract); unset, any.
 	EnvKafkaPrincipals = "EFFECTLINE_KAFKA_PRINCIPALS"
@@ -58,7 +63,7 @@ var EnvVars = []string{
 	EnvTopicPrefix, EnvKafkaPartitions, EnvKafkaReplication, EnvLogLevel, EnvShutdownGrace,
 	EnvInsecureOpenAPI, EnvExecutorLease, EnvSweepInterval, EnvCommitWindow,
 	EnvReaders, EnvKafkaPrincipals, EnvKafkaInstanceID, EnvRetention, EnvTombstoneRetention,
-	EnvEmbeddedRetention, ops.EnvAPIURL, ops.EnvAPIToken, // read by `effectline ops`, the API's client
+	EnvEmbeddedRetention, EnvRowFormat, ops.EnvAPIURL, ops.EnvAPIToken, // read by `effectline ops`, the API's client
 }
 
 // Components that `effectline run --components` accepts.
@@ -103,6 +108,8 @@ type Config struct {
 	// (store.CommitterConfig.Window): zero for the default, negative for
 	// none (EFFECTLINE_COMMIT_WINDOW=0).
 	CommitWindow time.Duration
+	// RowFormat is how rows are written (EFFECTLINE_ROW_FORMAT).
+	RowFormat store.RowFormat
 	// KafkaPrincipals are the principals a direct intent may name; empty
 	// means any.
 	KafkaPrincipals []string
@@ -191,6 +198,14 @@ func FromEnv(getenv func(string) string) (Config, error) {
 		if d == 0 {
 			c.CommitWindow = -1
 		}
+	}
+	switch v := getenv(EnvRowFormat); v {
+	case "", "compact":
+		c.RowFormat = store.Compact
+	case "plain":
+		c.RowFormat = store.Plain
+	default:
+		errs = append(errs, fmt.Errorf("%s=%q: want compact (the default) or plain (while a binary older than compact rows still runs)", EnvRowFormat, v))
 	}
 	if v := getenv(EnvInsecureOpenAPI); v != "" {
 		b, err := strconv.ParseBool(v)

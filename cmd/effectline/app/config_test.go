@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/effectline/effectline/store"
 )
 
 func TestConfigFromEnv(t *testing.T) {
@@ -42,6 +44,15 @@ func TestConfigFromEnv(t *testing.T) {
 		}
 	})
 
+	t.Run("row format", func(t *testing.T) {
+		for v, want := range map[string]store.RowFormat{"": store.Compact, "compact": store.Compact, "plain": store.Plain} {
+			c, err := FromEnv(env(map[string]string{EnvRowFormat: v}))
+			if err != nil || c.RowFormat != want {
+				t.Errorf("%s=%q: %v, %v; want %v", EnvRowFormat, v, c.RowFormat, err, want)
+			}
+		}
+	})
+
 	t.Run("every bad value is named", func(t *testing.T) {
 		bad := map[string]string{
 			EnvKafkaPartitions:    "0",
@@ -53,6 +64,7 @@ func TestConfigFromEnv(t *testing.T) {
 			EnvInsecureOpenAPI:    "maybe",
 			EnvRetention:          "a month",
 			EnvTombstoneRetention: "0",
+			EnvRowFormat:          "old",
 		}
 		_, err := FromEnv(env(bad))
 		if err == nil {
