@@ -43,6 +43,6 @@ func storedRecord(op events.Operation) ([]byte, error) {
 	if RowFormat(rowFormat.Load()) == Plain {
 		return events.MarshalOperation(op)
 	}
-	// The record leaves out what the row's columns hold (ScanHead).
+	// The record leaves out what the row's columns hold (Head.Operation).
 	return events.MarshalOperationBody(op)
 }

@@ -27,60 +27,58 @@ type querier interface {
 }
 
 // HeadColumns are the columns of operations that, with record, make up
-// the head's fold; ScanHead reads them in this order. The record leaves
-// out what these hold (events.MarshalOperationBody); a record written
+// the head's fold; a Head scans them in this order. The record leaves out
+// what the others hold (events.MarshalOperationBody); a record written
 // before it did holds them too, with the same values.
 const HeadColumns = `record, operation_key, tool, effect_class, payload_hash, status, seq`
 
-// ScanHead decodes a head row read as HeadColumns.
-func ScanHead(record []byte, key, tool, class, hash, status string, seq int64) (events.Operation, error) {
-	op, err := events.UnmarshalOperation(record)
-	if err != nil {
-		return events.Operation{}, fmt.Errorf("loading operation %s: decoding the record: %w", key, err)
-	}
-	op.Key, op.Tool, op.EffectClass, op.PayloadHash = key, tool, events.EffectClass(class), hash
-	op.Status, op.Seq = events.Status(status), seq
-	return op, nil
-}
-
-// headRow is a head row as scanned from HeadColumns.
-type headRow struct {
+// Head is a head row as selected by HeadColumns: scan into Dest, then
+// Operation lays the columns over the record.
+type Head struct {
 	record                         []byte
 	key, tool, class, hash, status string
 	seq                            int64
 }
 
-func (h *headRow) dest() []any {
+// Dest returns the scan targets of HeadColumns, in order.
+func (h *Head) Dest() []any {
 	return []any{&h.record, &h.key, &h.tool, &h.class, &h.hash, &h.status, &h.seq}
 }
 
-func (h *headRow) operation() (events.Operation, error) {
-	return ScanHead(h.record, h.key, h.tool, h.class, h.hash, h.status, h.seq)
+// Operation decodes the scanned row.
+func (h *Head) Operation() (events.Operation, error) {
+	op, err := events.UnmarshalOperation(h.record)
+	if err != nil {
+		return events.Operation{}, fmt.Errorf("loading operation %s: decoding the record: %w", h.key, err)
+	}
+	op.Key, op.Tool, op.EffectClass, op.PayloadHash = h.key, h.tool, events.EffectClass(h.class), h.hash
+	op.Status, op.Seq = events.Status(h.status), h.seq
+	return op, nil
 }
 
 // CollectHeads reads rows selected as HeadColumns into operations, and
 // closes them.
 func CollectHeads(rows pgx.Rows) ([]events.Operation, error) {
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (events.Operation, error) {
-		var h headRow
-		if err := row.Scan(h.dest()...); err != nil {
+		var h Head
+		if err := row.Scan(h.Dest()...); err != nil {
 			return events.Operation{}, err
 		}
-		return h.operation()
+		return h.Operation()
 	})
 }
 
 func loadWith(ctx context.Context, q querier, key string) (events.Operation, error) {
-	var h headRow
+	var h Head
 	var pruned bool
 	if err := q.QueryRow(ctx, `SELECT `+HeadColumns+`, pruned_at IS NOT NULL FROM operations WHERE operation_key = $1`, key).
-		Scan(append(h.dest(), &pruned)...); err != nil {
+		Scan(append(h.Dest(), &pruned)...); err != nil {
 		return events.Operation{}, fmt.Errorf("loading operation %s: %w", key, interpretError(err))
 	}
 	if pruned {
 		return events.Operation{}, prunedError(ctx, q, key)
 	}
-	return h.operation()
+	return h.Operation()
 }
 
 // LoadMany returns the head records of the operations that exist among keys.

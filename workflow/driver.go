@@ -296,12 +296,12 @@ func (d *Driver) publishLoop(ctx context.Context) {
 // into it), so this is what makes a run that moved on to another operation
 // drop out.
 const lockDueSQL = `
-SELECT w.workflow_id, w.record, o.pruned_at IS NOT NULL,
+SELECT w.workflow_id, w.record,
        (SELECT e.traceparent FROM workflow_events e WHERE e.workflow_id = w.workflow_id AND e.seq = 1),
-       o.record, o.operation_key, o.tool, o.effect_class, o.payload_hash, o.status, o.seq
+       o.*
   FROM workflows w
  CROSS JOIN LATERAL (
-       SELECT o.pruned_at, ` + store.HeadColumns + ` FROM operations o
+       SELECT o.pruned_at IS NOT NULL, ` + store.HeadColumns + ` FROM operations o
         WHERE o.operation_key = w.awaiting
           AND o.status IN ('completed', 'failed', 'compensated')
         LIMIT 1) o
@@ -465,16 +465,14 @@ func (d *Driver) lockDue(ctx context.Context, tx pgx.Tx, skip []string) ([]*due,
 	var ls []locked
 	for rows.Next() {
 		var (
-			l                              locked
-			record                         []byte
-			key, tool, class, hash, status string
-			seq                            int64
+			l    locked
+			head store.Head
 		)
-		if err := rows.Scan(&l.id, &l.run, &l.pruned, &l.tp, &record, &key, &tool, &class, &hash, &status, &seq); err != nil {
+		if err := rows.Scan(append([]any{&l.id, &l.run, &l.tp, &l.pruned}, head.Dest()...)...); err != nil {
 			rows.Close()
 			return nil, nil, fmt.Errorf("locking the due workflow runs: %w", err)
 		}
-		op, err := store.ScanHead(record, key, tool, class, hash, status, seq)
+		op, err := head.Operation()
 		if err != nil {
 			rows.Close()
 			return nil, nil, fmt.Errorf("locking the due workflow runs: %w", err)

@@ -16,6 +16,7 @@ import (
 	"github.com/effectline/effectline/cmd/effectline/app"
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/projector"
+	"github.com/effectline/effectline/store"
 	"github.com/effectline/effectline/store/packed"
 )
 
@@ -281,8 +282,9 @@ func loadHistoryTemplates(ctx context.Context, q pgx.Tx, count int64) ([]history
 // historyEnvelopes writes, into the transaction's history_envelope table,
 // the envelopes of copies lo … hi-1: the template's, with the copy's key,
 // downstream id and a fresh event id in place of the template's (each
-// appears in JSON only as a whole quoted string), packed as the journal
-// stores them. The copies are named as historyCopiesSQL names them.
+// appears in JSON only as a whole quoted string), stored as this process
+// stores envelopes (store.StoredEnvelope). The copies are named as
+// historyCopiesSQL names them.
 func historyEnvelopes(ctx context.Context, tx pgx.Tx, templates []historyTemplate, lo, hi int) error {
 	if _, err := tx.Exec(ctx, `CREATE TEMPORARY TABLE history_envelope
   (operation_key text, seq bigint, event_id text, envelope bytea) ON COMMIT DROP`); err != nil {
@@ -301,7 +303,7 @@ func historyEnvelopes(ctx context.Context, tx pgx.Tx, templates []historyTemplat
 			}
 			env = strings.ReplaceAll(env, `"`+t.src+`"`, `"`+key+`"`)
 			env = strings.ReplaceAll(env, `"`+e.id+`"`, `"`+id+`"`)
-			rows = append(rows, []any{key, e.seq, id, packed.Pack([]byte(env))})
+			rows = append(rows, []any{key, e.seq, id, store.StoredEnvelope([]byte(env))})
 		}
 	}
 	_, err := tx.CopyFrom(ctx, pgx.Identifier{"history_envelope"}, []string{"operation_key", "seq", "event_id", "envelope"}, pgx.CopyFromRows(rows))
