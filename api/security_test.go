@@ -55,7 +55,7 @@ func TestIntentKeyRule(t *testing.T) {
 func scopedOperations(st *store.Store) Operations {
 	return OperationsFunc(func(ctx context.Context, f events.ListFilter) (events.ListPage, error) {
 		rows, err := st.Pool().Query(ctx, `SELECT `+store.HeadColumns+` FROM operations
-			WHERE ($1 = '' OR status = $1) AND ($2 = '' OR record->>'principal' = $2)
+			WHERE ($1 = '' OR status = $1) AND ($2 = '' OR coalesce(principal, record->>'principal') = $2)
 			ORDER BY created_at DESC LIMIT $3`, string(f.Status), f.Principal, f.Limit)
 		if err != nil {
 			return events.ListPage{}, err

@@ -237,12 +237,12 @@ func TestRebuildEqualsTheLiveProjection(t *testing.T) {
 	liveRows := h.snapshot()
 
 	// Damage the table: a wrong row and a row of no operation.
-	if _, err := h.pool.Exec(ctx, `UPDATE operation_state SET status = 'failed', record = '{}' WHERE operation_key = 'rebuild-00'`); err != nil {
+	if _, err := h.pool.Exec(ctx, `UPDATE operation_state SET status = 'failed', record = '{}', body = NULL WHERE operation_key = 'rebuild-00'`); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := h.pool.Exec(ctx, `INSERT INTO operation_state SELECT 'ghost', tool, effect_class, payload_hash, principal, status, phase, attempt,
 		lease_until, result, downstream_id, undo_ref, last_error_class, compensations, evidence, escalation, last_seq, record,
-		created_at, updated_at, projected_at FROM operation_state WHERE operation_key = 'rebuild-01'`); err != nil {
+		created_at, updated_at, projected_at, body FROM operation_state WHERE operation_key = 'rebuild-01'`); err != nil {
 		t.Fatal(err)
 	}
 

@@ -24,7 +24,7 @@ import (
 // cached: the columns and the record of what they leave out (stateRecord).
 // It takes no row locks: see recordCache for why a fold read here may be
 // folded onto and written back without holding the row.
-const loadRowsSQL = `SELECT ` + stateColumns + `, record FROM operation_state WHERE operation_key = ANY($1)`
+const loadRowsSQL = `SELECT ` + stateColumns + `, record, body FROM operation_state WHERE operation_key = ANY($1)`
 
 // stateRecord is what operation_state.record holds: the fields of the fold
 // that no column carries. The columns and it are the whole fold bar the
@@ -53,10 +53,11 @@ type stateRecord struct {
 	LastOutcomeAt  *time.Time      `json:"last_outcome_at,omitempty"`
 }
 
-// StoredRecord returns what operation_state.record holds for op: the
+// StoredRecord returns the record operation_state keeps for op: the
 // fields of the fold its columns leave out (stateRecord), as JSON jsonb can
-// hold. rowsOf writes it; the load generator's history checks copies
-// against it.
+// hold. rowsOf writes it, packed in body or as jsonb in record
+// (store.StoredJSON); the load generator's history checks copies against
+// it.
 func StoredRecord(op events.Operation) ([]byte, error) {
 	b, err := json.Marshal(stateRecord{
 		LeaseOwner: op.LeaseOwner, DueAt: op.DueAt, DownstreamKey: op.DownstreamKey,
@@ -104,16 +105,16 @@ const upsertSQL = `
 INSERT INTO operation_state (
     operation_key, tool, effect_class, payload_hash, principal, status, phase, attempt,
     lease_until, result, downstream_id, undo_ref, last_error_class, compensations, evidence,
-    escalation, last_seq, record, created_at, updated_at, projected_at)
+    escalation, last_seq, record, body, created_at, updated_at, projected_at)
 SELECT u.operation_key, u.tool, u.effect_class, u.payload_hash, u.principal, u.status, u.phase, u.attempt,
        u.lease_until, u.result::jsonb, u.downstream_id, u.undo_ref, u.last_error_class, u.compensations, u.evidence,
-       u.escalation::jsonb, u.last_seq, u.record::jsonb, u.created_at, u.updated_at, now()
+       u.escalation::jsonb, u.last_seq, u.record::jsonb, u.body, u.created_at, u.updated_at, now()
   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::integer[],
               $9::timestamptz[], $10::text[], $11::text[], $12::text[], $13::text[], $14::integer[], $15::integer[],
-              $16::text[], $17::bigint[], $18::text[], $19::timestamptz[], $20::timestamptz[])
+              $16::text[], $17::bigint[], $18::text[], $19::timestamptz[], $20::timestamptz[], $21::bytea[])
        AS u(operation_key, tool, effect_class, payload_hash, principal, status, phase, attempt,
             lease_until, result, downstream_id, undo_ref, last_error_class, compensations, evidence,
-            escalation, last_seq, record, created_at, updated_at)
+            escalation, last_seq, record, created_at, updated_at, body)
  WHERE (SELECT o.pruned_at FROM operations o WHERE o.operation_key = u.operation_key) IS NULL
 ON CONFLICT (operation_key) DO UPDATE SET
     tool             = EXCLUDED.tool,
@@ -133,6 +134,7 @@ ON CONFLICT (operation_key) DO UPDATE SET
     escalation       = EXCLUDED.escalation,
     last_seq         = EXCLUDED.last_seq,
     record           = EXCLUDED.record,
+    body             = EXCLUDED.body,
     created_at       = EXCLUDED.created_at,
     updated_at       = EXCLUDED.updated_at,
     projected_at     = EXCLUDED.projected_at
@@ -154,7 +156,8 @@ type rows struct {
 	compensations, evidence                                    []int32
 	escalations                                                []*string
 	seqs                                                       []int64
-	records                                                    []string
+	records                                                    []*string
+	bodies                                                     [][]byte
 	created, updated                                           []time.Time
 }
 
@@ -207,7 +210,14 @@ func rowsOf(ops []events.Operation) (*rows, error) {
 		r.evidence = append(r.evidence, int32(op.Evidence))
 		r.escalations = append(r.escalations, escalation)
 		r.seqs = append(r.seqs, op.Seq)
-		r.records = append(r.records, string(record))
+		jsonb, body := store.StoredJSON(record)
+		var recordText *string
+		if jsonb != nil {
+			s := string(jsonb)
+			recordText = &s
+		}
+		r.records = append(r.records, recordText)
+		r.bodies = append(r.bodies, body)
 		r.created = append(r.created, op.CreatedAt)
 		r.updated = append(r.updated, op.UpdatedAt)
 	}
@@ -217,7 +227,7 @@ func rowsOf(ops []events.Operation) (*rows, error) {
 func (r *rows) args() []any {
 	return []any{r.keys, r.tools, r.classes, r.hashes, r.principals, r.statuses, r.phases, r.attempts,
 		r.leases, r.results, r.downstreamIDs, r.undoRefs, r.errorClasses, r.compensations, r.evidence,
-		r.escalations, r.seqs, r.records, r.created, r.updated}
+		r.escalations, r.seqs, r.records, r.created, r.updated, r.bodies}
 }
 
 // upsertTx writes ops inside tx.
@@ -274,14 +284,18 @@ func loadRecords(ctx context.Context, pool *pgxpool.Pool, keys []string) (map[st
 	return ops, nil
 }
 
-// scanFold reads a row of loadRowsSQL: the columns, then the record laid
-// over them. A row written before the record was cut down holds the whole
+// scanFold reads a row of loadRowsSQL: the columns, then the record (in
+// body, packed, or in record: plain rows and rows written before body)
+// laid over them. A row written before the record was cut down holds the whole
 // fold in it; laid over the columns it gives the same operation.
 func scanFold(row pgx.CollectableRow) (events.Operation, error) {
-	var record []byte
-	op, err := scanStateAnd(row, &record)
+	var record, body []byte
+	op, err := scanStateAnd(row, &record, &body)
 	if err != nil {
 		return events.Operation{}, err
+	}
+	if record, err = store.LoadedJSON(record, body); err != nil {
+		return events.Operation{}, fmt.Errorf("the stored record of %s: %w", op.Key, err)
 	}
 	if err := json.Unmarshal(record, &op); err != nil {
 		return events.Operation{}, fmt.Errorf("decoding the stored record of %s: %w", op.Key, err)

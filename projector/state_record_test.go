@@ -9,6 +9,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/projector"
+	"github.com/effectline/effectline/store/packed"
 )
 
 // stateColumnFields are the fold's fields operation_state keeps in columns
@@ -57,8 +58,9 @@ func richFold() events.Operation {
 
 // TestStoredFoldLoadsAsItWasWritten writes a fold with every field set and
 // reads it back as a projector does on a cache miss: the same operation.
-// The record holds only what no column does. A row written before the
-// record was cut down (the whole fold in it) loads the same.
+// The record holds only what no column does, packed in body. A row written
+// before body (the record in record) and one written before the record was
+// cut down (the whole fold in it) load the same.
 func TestStoredFoldLoadsAsItWasWritten(t *testing.T) {
 	t.Parallel()
 	h := setupDB(t)
@@ -77,21 +79,38 @@ func TestStoredFoldLoadsAsItWasWritten(t *testing.T) {
 	}
 	assertSameFold(t, load(), op)
 
-	var keys []string
-	if err := h.pool.QueryRow(ctx, `SELECT array_agg(k ORDER BY k) FROM operation_state, jsonb_object_keys(record) k WHERE operation_key = $1`, op.Key).Scan(&keys); err != nil {
+	var record, body []byte
+	if err := h.pool.QueryRow(ctx, `SELECT record, body FROM operation_state WHERE operation_key = $1`, op.Key).Scan(&record, &body); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range keys {
+	unpacked, err := packed.Unpack(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if record != nil || len(body) == 0 || body[0] == '{' || len(body) >= len(unpacked) {
+		t.Errorf("a compact row holds record %q and a %d-byte body for a %d-byte record: not packed", record, len(body), len(unpacked))
+	}
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(unpacked, &members); err != nil {
+		t.Fatal(err)
+	}
+	for k := range members {
 		if slices.Contains(stateColumnFields, k) {
-			t.Errorf("the stored record repeats the column %q: %v", k, keys)
+			t.Errorf("the stored record repeats the column %q: %s", k, unpacked)
 		}
 	}
+
+	// A row written before body: the record as jsonb.
+	if _, err := h.pool.Exec(ctx, `UPDATE operation_state SET record = $1::jsonb, body = NULL WHERE operation_key = $2`, string(unpacked), op.Key); err != nil {
+		t.Fatal(err)
+	}
+	assertSameFold(t, load(), op)
 
 	whole, err := events.MarshalOperation(op)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.pool.Exec(ctx, `UPDATE operation_state SET record = $1::jsonb WHERE operation_key = $2`, string(whole), op.Key); err != nil {
+	if _, err := h.pool.Exec(ctx, `UPDATE operation_state SET record = $1::jsonb, body = NULL WHERE operation_key = $2`, string(whole), op.Key); err != nil {
 		t.Fatal(err)
 	}
 	assertSameFold(t, load(), op)
@@ -105,7 +124,7 @@ func TestStoredFoldLoadsAsItWasWritten(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertSameFold(t, load(), op)
-	if _, err := h.pool.Exec(ctx, `UPDATE operation_state SET record = $1::jsonb WHERE operation_key = $2`, string(whole), op.Key); err != nil {
+	if _, err := h.pool.Exec(ctx, `UPDATE operation_state SET record = $1::jsonb, body = NULL WHERE operation_key = $2`, string(whole), op.Key); err != nil {
 		t.Fatal(err)
 	}
 	if got := load(); got.Result != nil {

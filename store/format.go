@@ -12,11 +12,13 @@ import (
 type RowFormat int32
 
 const (
-	// Compact packs envelopes (store/packed) and leaves out of the head's
-	// record what its columns hold (events.MarshalOperationBody).
+	// Compact packs envelopes and the head's record (store/packed); the
+	// record leaves out what the row's columns hold
+	// (events.MarshalOperationBody) and goes to body, not record.
 	Compact RowFormat = iota
 	// Plain writes rows as binaries from before 2026-12-04 wrote them and
-	// read them: envelopes as JSON, the whole fold in the head's record.
+	// read them: envelopes as JSON, the whole fold in the head's record,
+	// body, principal and downstream_id NULL.
 	Plain
 )
 
@@ -38,11 +40,56 @@ func StoredEnvelope(env []byte) []byte {
 	return packed.Pack(env)
 }
 
-// storedRecord returns op as this process stores it in the head's record.
-func storedRecord(op events.Operation) ([]byte, error) {
+// StoredJSON returns a JSON record as this process stores it in a table
+// with a jsonb record column and a bytea body column (the read model's
+// operation_state): in record (Plain), or packed in body (Compact). The
+// other is nil, written as NULL.
+func StoredJSON(record []byte) (jsonb, body []byte) {
 	if RowFormat(rowFormat.Load()) == Plain {
-		return events.MarshalOperation(op)
+		return record, nil
+	}
+	return nil, packed.Pack(record)
+}
+
+// LoadedJSON returns the JSON record a row of such a table holds: body
+// unpacked when it is set, else record.
+func LoadedJSON(record, body []byte) ([]byte, error) {
+	if body == nil {
+		return record, nil
+	}
+	return packed.Unpack(body)
+}
+
+// headColumns are a head row's record columns as this process writes them;
+// a nil member is written as NULL.
+type headColumns struct {
+	// record is the whole fold as jsonb (Plain), or nil.
+	record any
+	// body is the record packed (Compact), or nil.
+	body any
+	// principal and downstreamID are the members SQL reads (the tombstone,
+	// callbacks by the downstream's id), in columns of their own because
+	// SQL cannot read body; nil in Plain rows, as older binaries left them,
+	// and downstreamID while the downstream has given none.
+	principal, downstreamID any
+}
+
+func storedHead(op events.Operation) (headColumns, error) {
+	if RowFormat(rowFormat.Load()) == Plain {
+		b, err := events.MarshalOperation(op)
+		if err != nil {
+			return headColumns{}, err
+		}
+		return headColumns{record: JSONBSafe(b)}, nil
 	}
 	// The record leaves out what the row's columns hold (Head.Operation).
-	return events.MarshalOperationBody(op)
+	b, err := events.MarshalOperationBody(op)
+	if err != nil {
+		return headColumns{}, err
+	}
+	h := headColumns{body: packed.Pack(b), principal: op.Principal}
+	if op.DownstreamID != "" {
+		h.downstreamID = op.DownstreamID
+	}
+	return h, nil
 }

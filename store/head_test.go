@@ -4,17 +4,25 @@ import (
 	"bytes"
 	"encoding/json"
 	"reflect"
+	"slices"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/internal/testenv"
 	"github.com/effectline/effectline/store"
+	"github.com/effectline/effectline/store/packed"
 )
 
-// TestHeadRecordLeavesOutItsColumns: operations.record holds none of the
-// members its columns hold (events.OmittedFromBody), the head loads as the
-// append returned it, and a row written before (the whole fold in record)
-// loads the same.
-func TestHeadRecordLeavesOutItsColumns(t *testing.T) {
+// TestHeadRecordIsPackedWithoutItsColumns: a compact head row keeps its
+// record packed in body (record NULL), without the members its columns
+// hold (events.OmittedFromBody), with principal and downstream_id in
+// columns for SQL; the head loads as the append returned it, and so do
+// rows written before: the cut-down record in record (before body), and
+// the whole fold in record (before that).
+func TestHeadRecordIsPackedWithoutItsColumns(t *testing.T) {
 	t.Parallel()
 	s := setup(t)
 	ctx := t.Context()
@@ -23,18 +31,39 @@ func TestHeadRecordLeavesOutItsColumns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-
-	var record []byte
-	if err := s.Pool().QueryRow(ctx, `SELECT record FROM operations WHERE operation_key = $1`, op.Key).Scan(&record); err != nil {
+	op, err = s.Append(ctx, store.Append{Base: op, Events: []events.Envelope{succeeded(t, op, "ch_head1")}})
+	if err != nil {
 		t.Fatal(err)
 	}
+
+	var (
+		body, record            []byte
+		principal, downstreamID *string
+	)
+	if err := s.Pool().QueryRow(ctx, `SELECT body, record, principal, downstream_id FROM operations WHERE operation_key = $1`, op.Key).
+		Scan(&body, &record, &principal, &downstreamID); err != nil {
+		t.Fatal(err)
+	}
+	if record != nil {
+		t.Errorf("a compact row holds a jsonb record too: %s", record)
+	}
+	if principal == nil || *principal != op.Principal || downstreamID == nil || *downstreamID != "ch_head1" {
+		t.Errorf("principal, downstream_id = %v, %v; want %q, ch_head1", principal, downstreamID, op.Principal)
+	}
+	unpacked, err := packed.Unpack(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(body) == 0 || body[0] == '{' || len(body) >= len(unpacked) {
+		t.Errorf("body is %d bytes for a %d-byte record: not packed", len(body), len(unpacked))
+	}
 	var members map[string]json.RawMessage
-	if err := json.Unmarshal(record, &members); err != nil {
+	if err := json.Unmarshal(unpacked, &members); err != nil {
 		t.Fatal(err)
 	}
 	for _, name := range events.OmittedFromBody {
 		if _, ok := members[name]; ok {
-			t.Errorf("the head record repeats its column %q: %s", name, record)
+			t.Errorf("the head record repeats its column %q: %s", name, unpacked)
 		}
 	}
 	assertLoads := func(what string) {
@@ -43,19 +72,26 @@ func TestHeadRecordLeavesOutItsColumns(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// jsonb keeps the args' meaning, not their spacing.
-		got.Args = compact(t, got.Args)
+		// jsonb keeps the args' and the result's meaning, not their
+		// spacing.
+		got.Args, got.Result = compact(t, got.Args), compact(t, got.Result)
 		if !reflect.DeepEqual(got, op) {
 			t.Errorf("%s: Load =\n%+v\nwant\n%+v", what, got, op)
 		}
 		many, err := s.LoadMany(ctx, []string{op.Key})
 		m := many[op.Key]
-		m.Args = compact(t, m.Args)
+		m.Args, m.Result = compact(t, m.Args), compact(t, m.Result)
 		if err != nil || !reflect.DeepEqual(m, op) {
 			t.Errorf("%s: LoadMany = %+v, %v", what, many[op.Key], err)
 		}
 	}
 	assertLoads("the record as written")
+
+	if _, err := s.Pool().Exec(ctx, `UPDATE operations SET record = $2, body = NULL, principal = NULL, downstream_id = NULL
+		WHERE operation_key = $1`, op.Key, unpacked); err != nil {
+		t.Fatal(err)
+	}
+	assertLoads("a cut-down record in record, written before body")
 
 	full, err := events.MarshalOperation(op)
 	if err != nil {
@@ -65,6 +101,77 @@ func TestHeadRecordLeavesOutItsColumns(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertLoads("a whole-fold record written before")
+}
+
+// TestCallbacksFindHeadRowsByDownstreamIDInEitherPlace: the lookup by the
+// downstream's id finds a compact row by its column and a plain (or older)
+// row by its record, and neither once pruned to a tombstone.
+func TestCallbacksFindHeadRowsByDownstreamIDInEitherPlace(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := t.Context()
+	settle := func(key, id string) events.Operation {
+		op := create(t, s, key)
+		op, err := s.Append(ctx, store.Append{Base: op, Events: []events.Envelope{started(t, op, "w1")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if op, err = s.Append(ctx, store.Append{Base: op, Events: []events.Envelope{succeeded(t, op, id)}}); err != nil {
+			t.Fatal(err)
+		}
+		return op
+	}
+	compactOp := settle("byid/compact", "ch_same")
+	plainOp := settle("byid/plain", "ch_same")
+	full, err := events.MarshalOperation(plainOp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As an older binary (or EFFECTLINE_ROW_FORMAT=plain) leaves the row.
+	if _, err := s.Pool().Exec(ctx, `UPDATE operations SET record = $2, body = NULL, principal = NULL, downstream_id = NULL
+		WHERE operation_key = $1`, plainOp.Key, full); err != nil {
+		t.Fatal(err)
+	}
+	lock := func() []string {
+		t.Helper()
+		var keys []string
+		err := pgx.BeginFunc(ctx, s.Pool(), func(tx pgx.Tx) error {
+			var err error
+			keys, err = store.LockByDownstreamIDTx(ctx, tx, "payments.charge", "ch_same")
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return keys
+	}
+	if got := lock(); !slices.Equal(got, []string{compactOp.Key, plainOp.Key}) {
+		t.Fatalf("locked %v by the downstream's id; want both rows", got)
+	}
+	outboxDrain(t, s, 100) // a row whose events are not relayed yet is not pruned
+	if n, err := s.PruneSettled(ctx, "payments.charge", t0.Add(time.Hour), t0.Add(time.Hour), 10); err != nil || n != 2 {
+		t.Fatalf("pruned %d, %v", n, err)
+	}
+	if got := lock(); len(got) != 0 {
+		t.Fatalf("a callback finds tombstones %v", got)
+	}
+	for _, key := range []string{compactOp.Key, plainOp.Key} {
+		_, err := s.Load(ctx, key)
+		ts, ok := store.AsPruned(err)
+		if !ok || ts.Principal != "billing-agent" || ts.DownstreamID != "ch_same" {
+			t.Errorf("%s: tombstone %+v, %v; want its principal and downstream id", key, ts, err)
+		}
+	}
+}
+
+func succeeded(t *testing.T, op events.Operation, downstreamID string) events.Envelope {
+	t.Helper()
+	e, err := events.New(events.AttemptSucceeded, op.Key, op.Seq+1, op.Tool, op.EffectClass, op.Attempt,
+		events.AttemptSucceededData{StatusCode: 200, DownstreamID: downstreamID, Result: json.RawMessage(`{"ok":true}`)}, t0.Add(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
 }
 
 func compact(t *testing.T, raw json.RawMessage) json.RawMessage {
@@ -122,5 +229,82 @@ func TestPlainRowsAreWhatOlderBinariesWrote(t *testing.T) {
 	whole.Args = compact(t, whole.Args)
 	if !reflect.DeepEqual(whole, op) {
 		t.Errorf("the head's record alone, as an older binary reads it, is\n%+v\nnot\n%+v", whole, op)
+	}
+	var body []byte
+	var principal, downstreamID *string
+	if err := s.Pool().QueryRow(ctx, `SELECT body, principal, downstream_id FROM operations WHERE operation_key = $1`, op.Key).
+		Scan(&body, &principal, &downstreamID); err != nil {
+		t.Fatal(err)
+	}
+	if body != nil || principal != nil || downstreamID != nil {
+		t.Errorf("a plain row sets columns older binaries do not know: body %q, principal %v, downstream_id %v", body, principal, downstreamID)
+	}
+}
+
+// TestOnlyTheIntentKeepsItsEventIDInAColumn: events.event_id is read only
+// for seq 1 (the executor's claim checks the journaled intent is the one it
+// decided from); later events keep their ids in their envelopes alone.
+func TestOnlyTheIntentKeepsItsEventIDInAColumn(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := t.Context()
+	op := create(t, s, "ids/1")
+	e := started(t, op, "w1")
+	if _, err := s.Append(ctx, store.Append{Base: op, Events: []events.Envelope{e}}); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := s.Events(ctx, op.Key, 0)
+	if err != nil || len(evs) != 2 || evs[1].EventID != e.EventID {
+		t.Fatalf("Events = %+v, %v; want the intent and the start with its id", evs, err)
+	}
+	var ids []string
+	if err := s.Pool().QueryRow(ctx, `SELECT array_agg(event_id ORDER BY seq) FROM events WHERE operation_key = $1`, op.Key).Scan(&ids); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(ids, []string{evs[0].EventID, ""}) {
+		t.Fatalf("event_id column = %q; want the intent's id, then empty", ids)
+	}
+}
+
+// TestMigrationKeepsADownstreamIndexBuiltBeforehand: on a large table an
+// operator builds operations_downstream concurrently before upgrading
+// (deploy/OPERATIONS.md); migration 0013 then applies and keeps it.
+func TestMigrationKeepsADownstreamIndexBuiltBeforehand(t *testing.T) {
+	t.Parallel()
+	pool := testenv.NewPool(t, testenv.NewDatabase(t))
+	ctx := t.Context()
+	ms, err := store.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE effectline_migrations (
+		version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if m.Version < 13 {
+			if err := rotateApply(ctx, pool, m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, sql := range []string{
+		`ALTER TABLE operations ADD COLUMN IF NOT EXISTS downstream_id text`,
+		`CREATE INDEX CONCURRENTLY operations_downstream ON operations (tool, downstream_id) WHERE downstream_id IS NOT NULL`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	applied, err := store.Migrate(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(applied, 13) {
+		t.Fatalf("Migrate applied %v; want 13 among them", applied)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE indexname = 'operations_downstream'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("operations_downstream exists %d times (%v)", n, err)
 	}
 }

@@ -26,28 +26,33 @@ type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// HeadColumns are the columns of operations that, with record, make up
-// the head's fold; a Head scans them in this order. The record leaves out
-// what the others hold (events.MarshalOperationBody); a record written
-// before it did holds them too, with the same values.
-const HeadColumns = `record, operation_key, tool, effect_class, payload_hash, status, seq`
+// HeadColumns are the columns of operations that make up the head's fold;
+// a Head scans them in this order. The record is in body (packed, compact
+// rows) or in record (plain rows, and rows written before body), and
+// leaves out what the other columns hold (events.MarshalOperationBody); a
+// record written before it did holds them too, with the same values.
+const HeadColumns = `body, record, operation_key, tool, effect_class, payload_hash, status, seq`
 
 // Head is a head row as selected by HeadColumns: scan into Dest, then
 // Operation lays the columns over the record.
 type Head struct {
-	record                         []byte
+	body, record                   []byte
 	key, tool, class, hash, status string
 	seq                            int64
 }
 
 // Dest returns the scan targets of HeadColumns, in order.
 func (h *Head) Dest() []any {
-	return []any{&h.record, &h.key, &h.tool, &h.class, &h.hash, &h.status, &h.seq}
+	return []any{&h.body, &h.record, &h.key, &h.tool, &h.class, &h.hash, &h.status, &h.seq}
 }
 
 // Operation decodes the scanned row.
 func (h *Head) Operation() (events.Operation, error) {
-	op, err := events.UnmarshalOperation(h.record)
+	record, err := LoadedJSON(h.record, h.body)
+	if err != nil {
+		return events.Operation{}, fmt.Errorf("loading operation %s: %w", h.key, err)
+	}
+	op, err := events.UnmarshalOperation(record)
 	if err != nil {
 		return events.Operation{}, fmt.Errorf("loading operation %s: decoding the record: %w", h.key, err)
 	}

@@ -49,8 +49,10 @@ const lockToolKeySQL = `SELECT operation_key FROM operations
 	FOR UPDATE`
 
 // LockByDownstreamIDTx locks the head rows of the operations of tool the
-// downstream knows by id (index operations_downstream_id) and returns their
-// keys, in key order.
+// downstream knows by id and returns their keys, in key order. The id is in
+// the downstream_id column of compact rows (index operations_downstream)
+// and in the record of plain rows and rows written before the column
+// (index operations_downstream_id): migration 0013.
 //
 // The keys are found first without a lock and then locked one by one, the
 // condition checked again under each lock, for the same reason as in
@@ -59,7 +61,7 @@ const lockToolKeySQL = `SELECT operation_key FROM operations
 // statement missed a row that came to match after its snapshot.
 func LockByDownstreamIDTx(ctx context.Context, tx pgx.Tx, tool, id string) ([]string, error) {
 	rows, err := tx.Query(ctx, `SELECT operation_key FROM operations
-	WHERE tool = $1 AND record->>'downstream_id' = $2`, tool, id)
+	WHERE tool = $1 AND (downstream_id = $2 OR record->>'downstream_id' = $2)`, tool, id)
 	if err != nil {
 		return nil, fmt.Errorf("locking operations: %w", interpretError(err))
 	}
@@ -71,7 +73,7 @@ func LockByDownstreamIDTx(ctx context.Context, tx pgx.Tx, tool, id string) ([]st
 }
 
 const lockDownstreamIDSQL = `SELECT operation_key FROM operations
-	WHERE operation_key = $1 AND tool = $2 AND record->>'downstream_id' = $3
+	WHERE operation_key = $1 AND tool = $2 AND (downstream_id = $3 OR record->>'downstream_id' = $3)
 	FOR UPDATE`
 
 // lockEach runs sql (its $1 the key, then args) once per distinct key, in

@@ -112,9 +112,10 @@ func AsPruned(err error) (Tombstone, bool) {
 // effect class, payload hash and status stay in their columns, updated_at
 // is when it settled, pruned_at when it was pruned; a tombstone row is about
 // half the size of a live one. The members sit under "tombstone", so
-// record->>'downstream_id' is null and the operations_downstream_id index
-// (callbacks by the downstream's id) drops it: a callback about a pruned
-// operation finds nothing to change.
+// record->>'downstream_id' is null, and the downstream_id column is set
+// null: the indexes of callbacks by the downstream's id drop it, and a
+// callback about a pruned operation finds nothing to change. (The
+// principal column stays; it is the tombstone's principal too.)
 const tombstonesSQL = `SELECT operation_key, tool, effect_class, payload_hash, status, created_at, updated_at, pruned_at,
        coalesce(record #>> '{tombstone,principal}', ''), coalesce(record #>> '{tombstone,downstream_id}', ''),
        coalesce((record #>> '{tombstone,seq}')::bigint, 0)
@@ -250,7 +251,9 @@ WITH victims AS (
     UPDATE operations o
        SET pruned_at = $3, seq = o.seq + 1, lease_until = NULL, due_at = NULL,
            record = jsonb_build_object('tombstone', jsonb_strip_nulls(jsonb_build_object(
-               'principal', o.record->'principal', 'downstream_id', o.record->'downstream_id', 'seq', o.seq)))
+               'principal', coalesce(to_jsonb(o.principal), o.record->'principal'),
+               'downstream_id', coalesce(to_jsonb(o.downstream_id), o.record->'downstream_id'), 'seq', o.seq))),
+           body = NULL, downstream_id = NULL
       FROM victims v
      WHERE o.operation_key = v.operation_key
     RETURNING o.operation_key

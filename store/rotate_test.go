@@ -501,9 +501,12 @@ func TestMigrationCarriesTheOutboxBacklogOver(t *testing.T) {
 		version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 		t.Fatal(err)
 	}
+	// The backlog is written by this binary's store, whose appends also
+	// need the head columns of 0013 (which touches operations alone), so
+	// 0013 goes in early.
 	for _, m := range ms {
-		if m.Version > 8 {
-			break
+		if m.Version > 8 && m.Version != 13 {
+			continue
 		}
 		if err := rotateApply(ctx, pool, m); err != nil {
 			t.Fatal(err)

@@ -1272,20 +1272,20 @@ type faultSnapshot struct {
 func faultTakeSnapshot(ctx context.Context, t *testing.T, w *world, pool *pgxpool.Pool) faultSnapshot {
 	t.Helper()
 	s := faultSnapshot{ops: map[string]string{}}
-	rows, err := pool.Query(ctx, `SELECT o.operation_key, o.seq, o.status, s.last_seq, s.status, s.record::text, s.projected_at
+	rows, err := pool.Query(ctx, `SELECT o.operation_key, o.seq, o.status, s.last_seq, s.status, coalesce(octet_length(s.body), octet_length(s.record::text)), s.projected_at
 		FROM operations o JOIN operation_state s USING (operation_key)`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for rows.Next() {
-		var key, status, rmStatus, record string
-		var seq, rmSeq int64
+		var key, status, rmStatus string
+		var seq, rmSeq, recordBytes int64
 		var projected time.Time
-		if err := rows.Scan(&key, &seq, &status, &rmSeq, &rmStatus, &record, &projected); err != nil {
+		if err := rows.Scan(&key, &seq, &status, &rmSeq, &rmStatus, &recordBytes, &projected); err != nil {
 			t.Fatal(err)
 		}
 		s.ops[key] = fmt.Sprintf("seq %d %s, read model seq %d %s (%d bytes, projected %s)",
-			seq, status, rmSeq, rmStatus, len(record), projected.Format(time.RFC3339Nano))
+			seq, status, rmSeq, rmStatus, recordBytes, projected.Format(time.RFC3339Nano))
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)

@@ -16,7 +16,8 @@ import (
 // EFFECTLINE_ROW_FORMAT=plain (a rolling upgrade from a binary older than
 // compact rows) runs operations whose intents another process wrote
 // compact, and every row it writes is in the old shape: envelopes as JSON,
-// the whole fold in the head's record.
+// the whole fold in the head's record, the read model's record as jsonb,
+// and no packed body.
 func TestPlainRowFormatWritesWhatOlderBinariesRead(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
@@ -31,10 +32,24 @@ func TestPlainRowFormatWritesWhatOlderBinariesRead(t *testing.T) {
 		return gsCount(ops, events.StatusCompleted) == len(keys)
 	})
 
-	for _, key := range keys {
-		var record []byte
-		if err := st.Pool().QueryRow(ctx, `SELECT record FROM operations WHERE operation_key = $1`, key).Scan(&record); err != nil {
+	waitFor(t, ctx, "every operation projected as settled", func() bool {
+		var n int
+		if err := st.Pool().QueryRow(ctx, `SELECT count(*) FROM operation_state WHERE operation_key = ANY($1) AND status = 'completed'`, keys).Scan(&n); err != nil {
 			t.Fatal(err)
+		}
+		return n == len(keys)
+	})
+	for _, key := range keys {
+		var record, body, stateBody []byte
+		var stateRecord *string
+		if err := st.Pool().QueryRow(ctx, `SELECT o.record, o.body, s.record::text, s.body
+			FROM operations o JOIN operation_state s USING (operation_key) WHERE operation_key = $1`, key).
+			Scan(&record, &body, &stateRecord, &stateBody); err != nil {
+			t.Fatal(err)
+		}
+		if body != nil || stateBody != nil || stateRecord == nil {
+			t.Errorf("%s: the plain process packed a record (head body %d bytes, read model body %d bytes, read model record %v)",
+				key, len(body), len(stateBody), stateRecord)
 		}
 		var members map[string]json.RawMessage
 		if err := json.Unmarshal(record, &members); err != nil {

@@ -20,7 +20,7 @@ var sampleEnvelopes = []string{
 func TestPackedEnvelopesUnpackToTheSameBytes(t *testing.T) {
 	for _, env := range sampleEnvelopes {
 		stored := Pack([]byte(env))
-		if stored[0] != tagV1 {
+		if stored[0] != tagV2 {
 			t.Fatalf("a typical envelope was stored plain: %q", stored)
 		}
 		if len(stored)*2 > len(env) {
@@ -32,6 +32,31 @@ func TestPackedEnvelopesUnpackToTheSameBytes(t *testing.T) {
 		}
 		if string(got) != env {
 			t.Fatalf("unpacked\n%s\nwant\n%s", got, env)
+		}
+	}
+}
+
+// sampleHead is a head record as events.MarshalOperationBody writes it, of
+// a tool the dictionaries were not made from.
+const sampleHead = `{"principal":"bench-agent","args":{"amount":158,"currency":"EUR"},"phase":"attempt","attempt":1,"lease_until":null,"result":{"id":"hist_54258","status":"succeeded"},"downstream_id":"hist_54258","undo_ref":"","downstream_key":"history/9db1ef5e737abffccf8463f52efa2d54","compensations":0,"last_error_class":"","first_attempt_at":"2026-12-05T01:16:13.653529448Z","last_attempt_at":"2026-12-05T01:16:13.653529448Z","last_outcome_at":"2026-12-05T01:16:13.696278768Z","created_at":"2026-12-05T01:16:13.621459506Z","updated_at":"2026-12-05T01:16:13.696278768Z"}`
+
+func TestPackedHeadRecordsUnpackToTheSameBytes(t *testing.T) {
+	stored := Pack([]byte(sampleHead))
+	if stored[0] != tagV2 || len(stored)*5/2 > len(sampleHead) {
+		t.Errorf("packed a %d-byte head record into %d: the dictionary no longer fits head records", len(sampleHead), len(stored))
+	}
+	if got, err := Unpack(stored); err != nil || string(got) != sampleHead {
+		t.Fatalf("unpacked %q, %v", got, err)
+	}
+}
+
+// TestValuesPackedWithAnOlderDictionaryStillUnpack: rows written before
+// dictionary v2 hold v1 values.
+func TestValuesPackedWithAnOlderDictionaryStillUnpack(t *testing.T) {
+	for _, env := range append(sampleEnvelopes, sampleHead) {
+		stored := append([]byte{tagV1}, v1.Encode(nil, []byte(env))...)
+		if got, err := Unpack(stored); err != nil || string(got) != env {
+			t.Fatalf("a v1 value unpacked to %q, %v", got, err)
 		}
 	}
 }
@@ -82,6 +107,7 @@ func flip(b []byte, i int) []byte {
 func TestDictionariesAreFrozen(t *testing.T) {
 	frozen := map[string]string{
 		"dictionary-v1.jsonl": "f134f0631beb0c36192adc5ce2884d9710052e0c52c076e35adb8e0e71612da9",
+		"dictionary-v2.jsonl": "e8e84f1419997d560d4731d397e5f3757f23f8f59aed6c9e7a9769a82a82b187",
 	}
 	files, err := filepath.Glob("dictionary-*.jsonl")
 	if err != nil {
@@ -102,15 +128,19 @@ func TestDictionariesAreFrozen(t *testing.T) {
 			t.Errorf("%s changed (sha256 %s, frozen as %s): envelopes packed with it could no longer be read", f, got, want)
 		}
 	}
-	if !strings.Contains(string(dictionaryV1), `"type":"intent.recorded"`) {
-		t.Error("the embedded dictionary is not dictionary-v1.jsonl")
+	if !strings.Contains(string(dictionaryV1), `"type":"intent.recorded"`) || bytes.Contains(dictionaryV1, []byte(`"last_outcome_at"`)) {
+		t.Error("the embedded dictionary v1 is not dictionary-v1.jsonl")
+	}
+	if !bytes.HasSuffix(dictionaryV2, dictionaryV1) || !bytes.Contains(dictionaryV2, []byte(`"last_outcome_at"`)) {
+		t.Error("the embedded dictionary v2 is not dictionary-v2.jsonl")
 	}
 }
 
 func FuzzUnpack(f *testing.F) {
-	for _, env := range sampleEnvelopes {
+	for _, env := range append(sampleEnvelopes, sampleHead) {
 		f.Add(Pack([]byte(env)))
 		f.Add([]byte(env))
+		f.Add(append([]byte{tagV1}, v1.Encode(nil, []byte(env))...))
 	}
 	f.Fuzz(func(t *testing.T, stored []byte) {
 		out, err := Unpack(stored)

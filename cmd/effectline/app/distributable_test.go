@@ -63,7 +63,7 @@ var fanOuts = []fanOut{
 	{fragment: "DELETE FROM operation_state", whole: true, reason: "the rebuild's clearing of the read model"},
 	{fragment: "WHERE (operation_key, seq) > ($1, $2)", reason: "the rebuild's read of the whole journal, page by page"},
 	// Lookups that cannot name a key.
-	{fragment: "WHERE tool = $1 AND record->>'downstream_id' = $2", reason: "a webhook that names only the tool's id for the effect: " +
+	{fragment: "WHERE tool = $1 AND (downstream_id = $2 OR record->>'downstream_id' = $2)", reason: "a webhook that names only the tool's id for the effect: " +
 		"found on the secondary index of every shard, then locked key by key (store/lock.go)"},
 	{fragment: "FROM workflows w CROSS JOIN LATERAL", reason: "the workflow driver's sweep: waiting runs joined to their awaited operations, " +
 		"which hash apart from the runs; to become two statements (docs/design.md)"},
@@ -639,7 +639,7 @@ func (w *distWorld) coldProjector() (stop func()) {
 	go func() { done <- p.Run(ctx) }()
 	return func() {
 		w.t.Helper()
-		for !w.log.has(", record FROM operation_state WHERE operation_key = ANY($1)") && w.ctx.Err() == nil {
+		for !w.log.has(", record, body FROM operation_state WHERE operation_key = ANY($1)") && w.ctx.Err() == nil {
 			time.Sleep(5 * time.Millisecond)
 		}
 		cancel()

@@ -54,7 +54,7 @@ const historyBatch = 50_000
 const historyTemplatesSQL = `
 CREATE TEMPORARY TABLE history_template ON COMMIT PRESERVE ROWS AS
 SELECT (row_number() OVER (ORDER BY operation_key) - 1)::bigint AS idx,
-       operation_key AS src, record->>'downstream_id' AS did
+       operation_key AS src, coalesce(downstream_id, record->>'downstream_id') AS did
   FROM operations
  WHERE starts_with(operation_key, $1) AND status IN ('completed', 'failed', 'compensated')`
 
@@ -77,11 +77,17 @@ func historyRewrite(x string) string {
 }
 
 var historyCopySQL = []string{
-	`INSERT INTO operations (operation_key, tool, effect_class, payload_hash, status, seq, record, created_at, updated_at)
-SELECT c.key, o.tool, o.effect_class, o.payload_hash, o.status, o.seq, ` + historyRewrite(`o.record::text`) + `::jsonb,
+	// A template written compact has its record packed in body, which
+	// historyRows rewrote in Go; one written plain has it in record.
+	`INSERT INTO operations (operation_key, tool, effect_class, payload_hash, status, seq, record, body, principal, downstream_id,
+       created_at, updated_at)
+SELECT c.key, o.tool, o.effect_class, o.payload_hash, o.status, o.seq,
+       CASE WHEN o.record IS NULL THEN NULL ELSE ` + historyRewrite(`o.record::text`) + `::jsonb END, h.body, o.principal,
+       CASE WHEN o.downstream_id IS NULL THEN NULL ELSE c.newdid END,
        c.at, c.at + (o.updated_at - o.created_at)
-  FROM history_copy c JOIN operations o ON o.operation_key = c.src`,
-	// The envelopes are rewritten in Go (historyEnvelopes): the journal
+  FROM history_copy c JOIN operations o ON o.operation_key = c.src
+  LEFT JOIN history_head h ON h.operation_key = c.key`,
+	// The envelopes are rewritten in Go (historyRows): the journal
 	// stores them packed, which SQL cannot rewrite.
 	`INSERT INTO events (operation_key, seq, event_id, type, envelope, traceparent, occurred_at)
 SELECT c.key, e.seq, h.event_id, e.type, h.envelope, e.traceparent, c.at + (e.occurred_at - o.created_at)
@@ -89,14 +95,15 @@ SELECT c.key, e.seq, h.event_id, e.type, h.envelope, e.traceparent, c.at + (e.oc
   JOIN events e ON e.operation_key = c.src
   JOIN history_envelope h ON h.operation_key = c.key AND h.seq = e.seq`,
 	`INSERT INTO operation_state (operation_key, tool, effect_class, payload_hash, principal, status, phase, attempt,
-       result, downstream_id, undo_ref, last_error_class, compensations, evidence, escalation, last_seq, record,
+       result, downstream_id, undo_ref, last_error_class, compensations, evidence, escalation, last_seq, record, body,
        created_at, updated_at, projected_at)
 SELECT c.key, s.tool, s.effect_class, s.payload_hash, s.principal, s.status, s.phase, s.attempt,
        ` + historyRewrite(`s.result::text`) + `::jsonb, CASE WHEN s.downstream_id = '' THEN '' ELSE c.newdid END,
        s.undo_ref, s.last_error_class, s.compensations, s.evidence, s.escalation, s.last_seq,
-       ` + historyRewrite(`s.record::text`) + `::jsonb,
+       CASE WHEN s.record IS NULL THEN NULL ELSE ` + historyRewrite(`s.record::text`) + `::jsonb END, h.state,
        c.at, c.at + (s.updated_at - s.created_at), c.at + (s.projected_at - s.created_at)
-  FROM history_copy c JOIN operation_state s ON s.operation_key = c.src`,
+  FROM history_copy c JOIN operation_state s ON s.operation_key = c.src
+  LEFT JOIN history_head h ON h.operation_key = c.key`,
 }
 
 // historyTables are the tables the history fills, vacuumed after it.
@@ -143,9 +150,9 @@ func seedHistory(ctx context.Context, pool *pgxpool.Pool, prefix string, n, rate
 				return fmt.Errorf("seeding history: reading the templates' journals: %w", err)
 			}
 		}
-		if err := historyEnvelopes(ctx, tx, journals, lo, hi); err != nil {
+		if err := historyRows(ctx, tx, journals, lo, hi); err != nil {
 			tx.Rollback(ctx)
-			return fmt.Errorf("seeding history: writing the envelopes of %d-%d: %w", lo, hi, err)
+			return fmt.Errorf("seeding history: writing the packed rows of %d-%d: %w", lo, hi, err)
 		}
 		for _, q := range historyCopySQL {
 			if _, err := tx.Exec(ctx, q); err != nil {
@@ -219,28 +226,52 @@ func checkHistory(ctx context.Context, a *app.App, n int) error {
 		if err != nil {
 			return err
 		}
-		var same, sameRead, distinct bool
+		var (
+			body, stateBody []byte
+			same, sameRead  *bool
+			distinct        bool
+		)
 		err = a.Pool.QueryRow(ctx, `
-SELECT o.record = $2::jsonb, s.record = $3::jsonb,
-       (SELECT count(*) FROM operations d WHERE d.tool = o.tool AND d.record->>'downstream_id' = o.record->>'downstream_id') = 1
-  FROM operations o JOIN operation_state s USING (operation_key)
- WHERE o.operation_key = $1`, key, string(head), string(read)).Scan(&same, &sameRead, &distinct)
+SELECT o.body, s.body, o.record = $2::jsonb, s.record = $3::jsonb,
+       (SELECT count(*) FROM operations d WHERE d.tool = o.tool AND (d.downstream_id = i.did OR d.record->>'downstream_id' = i.did)) = 1
+  FROM operations o JOIN operation_state s USING (operation_key),
+       LATERAL (SELECT coalesce(o.downstream_id, o.record->>'downstream_id') AS did) i
+ WHERE o.operation_key = $1`, key, string(head), string(read)).Scan(&body, &stateBody, &same, &sameRead, &distinct)
 		if err != nil {
 			return fmt.Errorf("bench: checking history copy %s: %w", key, err)
 		}
-		if !same || !sameRead || !distinct {
-			return fmt.Errorf("bench: history copy %s is not what the components would have written (head record is the fold: %t, read model: %t, downstream id its own: %t)",
-				key, same, sameRead, distinct)
+		// A packed record is compared as the bytes the store wrote.
+		for _, b := range []struct {
+			stored, want []byte
+			eq           **bool
+		}{{body, head, &same}, {stateBody, read, &sameRead}} {
+			if b.stored == nil {
+				continue
+			}
+			unpacked, err := packed.Unpack(b.stored)
+			if err != nil {
+				return fmt.Errorf("bench: checking history copy %s: %w", key, err)
+			}
+			eq := string(unpacked) == string(b.want)
+			*b.eq = &eq
+		}
+		if same == nil || !*same || sameRead == nil || !*sameRead || !distinct {
+			return fmt.Errorf("bench: history copy %s is not what the components would have written (head record is the fold: %v, read model: %v, downstream id its own: %t)",
+				key, same != nil && *same, sameRead != nil && *sameRead, distinct)
 		}
 	}
 	return nil
 }
 
 // historyTemplate is a template operation's journal, its envelopes
-// unpacked, for historyEnvelopes to rewrite.
+// unpacked, for historyRows to rewrite.
 type historyTemplate struct {
 	src, did string
 	events   []historyTemplateEvent
+	// body and state are the head's record and the read model's,
+	// unpacked, if the template's rows are compact (operations.body,
+	// operation_state.body); "" if they are plain.
+	body, state string
 }
 
 type historyTemplateEvent struct {
@@ -248,10 +279,10 @@ type historyTemplateEvent struct {
 	id, json string
 }
 
-// loadHistoryTemplates reads the journal of every template, indexed as
-// history_template numbers them.
+// loadHistoryTemplates reads the journal of every template, and its head's
+// packed record if it has one, indexed as history_template numbers them.
 func loadHistoryTemplates(ctx context.Context, q pgx.Tx, count int64) ([]historyTemplate, error) {
-	rows, err := q.Query(ctx, `SELECT t.idx, t.src, coalesce(t.did, ''), e.seq, e.event_id, e.envelope
+	rows, err := q.Query(ctx, `SELECT t.idx, t.src, coalesce(t.did, ''), e.seq, e.envelope
   FROM history_template t JOIN events e ON e.operation_key = t.src ORDER BY t.idx, e.seq`)
 	if err != nil {
 		return nil, err
@@ -260,52 +291,110 @@ func loadHistoryTemplates(ctx context.Context, q pgx.Tx, count int64) ([]history
 	out := make([]historyTemplate, count)
 	for rows.Next() {
 		var (
-			idx          int64
-			src, did, id string
-			seq          int64
-			stored       []byte
+			idx      int64
+			src, did string
+			seq      int64
+			stored   []byte
 		)
-		if err := rows.Scan(&idx, &src, &did, &seq, &id, &stored); err != nil {
+		if err := rows.Scan(&idx, &src, &did, &seq, &stored); err != nil {
 			return nil, err
 		}
-		env, err := packed.Unpack(stored)
+		raw, err := packed.Unpack(stored)
+		if err != nil {
+			return nil, fmt.Errorf("template %s seq %d: %w", src, seq, err)
+		}
+		// The journal keeps only the intent's id in a column; every id is
+		// in its envelope.
+		env, err := events.Decode(raw)
 		if err != nil {
 			return nil, fmt.Errorf("template %s seq %d: %w", src, seq, err)
 		}
 		t := &out[idx]
 		t.src, t.did = src, did
-		t.events = append(t.events, historyTemplateEvent{seq: seq, id: id, json: string(env)})
+		t.events = append(t.events, historyTemplateEvent{seq: seq, id: env.EventID, json: string(raw)})
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rows, err = q.Query(ctx, `SELECT t.idx, o.body, s.body FROM history_template t JOIN operations o ON o.operation_key = t.src
+  JOIN operation_state s ON s.operation_key = t.src`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			idx         int64
+			head, state []byte
+		)
+		if err := rows.Scan(&idx, &head, &state); err != nil {
+			return nil, err
+		}
+		t := &out[idx]
+		for _, b := range []struct {
+			stored []byte
+			to     *string
+		}{{head, &t.body}, {state, &t.state}} {
+			if b.stored == nil {
+				continue
+			}
+			json, err := packed.Unpack(b.stored)
+			if err != nil {
+				return nil, fmt.Errorf("template %s: %w", t.src, err)
+			}
+			*b.to = string(json)
+		}
 	}
 	return out, rows.Err()
 }
 
-// historyEnvelopes writes, into the transaction's history_envelope table,
-// the envelopes of copies lo … hi-1: the template's, with the copy's key,
-// downstream id and a fresh event id in place of the template's (each
-// appears in JSON only as a whole quoted string), stored as this process
-// stores envelopes (store.StoredEnvelope). The copies are named as
-// historyCopiesSQL names them.
-func historyEnvelopes(ctx context.Context, tx pgx.Tx, templates []historyTemplate, lo, hi int) error {
+// historyRows writes the rows of copies lo … hi-1 that SQL cannot rewrite,
+// because the store keeps them packed: into history_envelope their
+// envelopes, and into history_head the head's record and the read model's
+// of templates written compact. Each is the template's, with the copy's key, downstream id and
+// (an envelope) a fresh event id in place of the template's (each appears
+// in JSON only as a whole quoted string), stored as this process stores
+// them. The copies are named as historyCopiesSQL names them.
+func historyRows(ctx context.Context, tx pgx.Tx, templates []historyTemplate, lo, hi int) error {
 	if _, err := tx.Exec(ctx, `CREATE TEMPORARY TABLE history_envelope
-  (operation_key text, seq bigint, event_id text, envelope bytea) ON COMMIT DROP`); err != nil {
+  (operation_key text, seq bigint, event_id text, envelope bytea) ON COMMIT DROP;
+CREATE TEMPORARY TABLE history_head (operation_key text, body bytea, state bytea) ON COMMIT DROP`); err != nil {
 		return err
 	}
-	var rows [][]any
+	var envs, heads [][]any
 	for i := lo; i < hi; i++ {
 		t := templates[i%len(templates)]
 		sum := md5.Sum([]byte(strconv.Itoa(i)))
 		key := "history/" + hex.EncodeToString(sum[:])
+		rewrite := func(json string) string {
+			if t.did != "" {
+				json = strings.ReplaceAll(json, `"`+t.did+`"`, `"hist_`+strconv.Itoa(i)+`"`)
+			}
+			return strings.ReplaceAll(json, `"`+t.src+`"`, `"`+key+`"`)
+		}
 		for _, e := range t.events {
 			id := events.NewID()
-			env := e.json
-			if t.did != "" {
-				env = strings.ReplaceAll(env, `"`+t.did+`"`, `"hist_`+strconv.Itoa(i)+`"`)
+			env := strings.ReplaceAll(rewrite(e.json), `"`+e.id+`"`, `"`+id+`"`)
+			column := ""
+			if e.seq == 1 {
+				column = id // as the store keeps it: the intent's id only
 			}
-			env = strings.ReplaceAll(env, `"`+t.src+`"`, `"`+key+`"`)
-			env = strings.ReplaceAll(env, `"`+e.id+`"`, `"`+id+`"`)
-			rows = append(rows, []any{key, e.seq, id, store.StoredEnvelope([]byte(env))})
+			envs = append(envs, []any{key, e.seq, column, store.StoredEnvelope([]byte(env))})
+		}
+		if t.body != "" || t.state != "" {
+			var body, state []byte
+			if t.body != "" {
+				body = packed.Pack([]byte(rewrite(t.body)))
+			}
+			if t.state != "" {
+				state = packed.Pack([]byte(rewrite(t.state)))
+			}
+			heads = append(heads, []any{key, body, state})
 		}
 	}
-	_, err := tx.CopyFrom(ctx, pgx.Identifier{"history_envelope"}, []string{"operation_key", "seq", "event_id", "envelope"}, pgx.CopyFromRows(rows))
+	if _, err := tx.CopyFrom(ctx, pgx.Identifier{"history_envelope"}, []string{"operation_key", "seq", "event_id", "envelope"}, pgx.CopyFromRows(envs)); err != nil {
+		return err
+	}
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{"history_head"}, []string{"operation_key", "body", "state"}, pgx.CopyFromRows(heads))
 	return err
 }
