@@ -210,7 +210,7 @@ func rowsOf(ops []events.Operation) (*rows, error) {
 		r.evidence = append(r.evidence, int32(op.Evidence))
 		r.escalations = append(r.escalations, escalation)
 		r.seqs = append(r.seqs, op.Seq)
-		jsonb, body := store.StoredJSON(record)
+		jsonb, body := store.StoredJSON(record, op.Key)
 		var recordText *string
 		if jsonb != nil {
 			s := string(jsonb)
@@ -294,7 +294,7 @@ func scanFold(row pgx.CollectableRow) (events.Operation, error) {
 	if err != nil {
 		return events.Operation{}, err
 	}
-	if record, err = store.LoadedJSON(record, body); err != nil {
+	if record, err = store.LoadedJSON(record, body, op.Key); err != nil {
 		return events.Operation{}, fmt.Errorf("the stored record of %s: %w", op.Key, err)
 	}
 	if err := json.Unmarshal(record, &op); err != nil {

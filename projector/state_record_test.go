@@ -83,7 +83,7 @@ func TestStoredFoldLoadsAsItWasWritten(t *testing.T) {
 	if err := h.pool.QueryRow(ctx, `SELECT record, body FROM operation_state WHERE operation_key = $1`, op.Key).Scan(&record, &body); err != nil {
 		t.Fatal(err)
 	}
-	unpacked, err := packed.Unpack(body)
+	unpacked, err := packed.Unpack(body, op.Key)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -153,7 +153,7 @@ func prepare(a Append) (prepared, error) {
 			// for the rest saves two ids (~74 bytes) per operation.
 			ids[i] = e.EventID
 		}
-		stored[i] = StoredEnvelope(b)
+		stored[i] = StoredEnvelope(b, next.Key)
 		for _, t := range events.TopicsFor(e.Type) {
 			obSeqs = append(obSeqs, e.Seq)
 			obTopics = append(obTopics, prefix+t)

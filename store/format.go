@@ -32,32 +32,33 @@ var rowFormat atomic.Int32
 // then restarts them with Compact, the default.
 func SetRowFormat(f RowFormat) { rowFormat.Store(int32(f)) }
 
-// StoredEnvelope returns env as this process stores it in a journal.
-func StoredEnvelope(env []byte) []byte {
+// StoredEnvelope returns env as this process stores it in a journal row
+// of key (packed.Pack; the workflow journal passes "").
+func StoredEnvelope(env []byte, key string) []byte {
 	if RowFormat(rowFormat.Load()) == Plain {
 		return env
 	}
-	return packed.Pack(env)
+	return packed.Pack(env, key)
 }
 
 // StoredJSON returns a JSON record as this process stores it in a table
 // with a jsonb record column and a bytea body column (the read model's
 // operation_state): in record (Plain), or packed in body (Compact). The
 // other is nil, written as NULL.
-func StoredJSON(record []byte) (jsonb, body []byte) {
+func StoredJSON(record []byte, key string) (jsonb, body []byte) {
 	if RowFormat(rowFormat.Load()) == Plain {
 		return record, nil
 	}
-	return nil, packed.Pack(record)
+	return nil, packed.Pack(record, key)
 }
 
-// LoadedJSON returns the JSON record a row of such a table holds: body
-// unpacked when it is set, else record.
-func LoadedJSON(record, body []byte) ([]byte, error) {
+// LoadedJSON returns the JSON record the row of key holds in such a
+// table: body unpacked when it is set, else record.
+func LoadedJSON(record, body []byte, key string) ([]byte, error) {
 	if body == nil {
 		return record, nil
 	}
-	return packed.Unpack(body)
+	return packed.Unpack(body, key)
 }
 
 // headColumns are a head row's record columns as this process writes them;
@@ -87,7 +88,7 @@ func storedHead(op events.Operation) (headColumns, error) {
 	if err != nil {
 		return headColumns{}, err
 	}
-	h := headColumns{body: packed.Pack(b), principal: op.Principal}
+	h := headColumns{body: packed.Pack(b, op.Key), principal: op.Principal}
 	if op.DownstreamID != "" {
 		h.downstreamID = op.DownstreamID
 	}

@@ -50,9 +50,12 @@ func TestHeadRecordIsPackedWithoutItsColumns(t *testing.T) {
 	if principal == nil || *principal != op.Principal || downstreamID == nil || *downstreamID != "ch_head1" {
 		t.Errorf("principal, downstream_id = %v, %v; want %q, ch_head1", principal, downstreamID, op.Principal)
 	}
-	unpacked, err := packed.Unpack(body)
+	unpacked, err := packed.Unpack(body, op.Key)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if _, err := packed.Unpack(body, ""); err == nil {
+		t.Error("the packed record unpacks without its key: the key was not left out of it")
 	}
 	if len(body) == 0 || body[0] == '{' || len(body) >= len(unpacked) {
 		t.Errorf("body is %d bytes for a %d-byte record: not packed", len(body), len(unpacked))

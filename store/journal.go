@@ -60,7 +60,7 @@ func journalPage(ctx context.Context, tx pgx.Tx, afterKey string, afterSeq int64
 		if err := row.Scan(&key, &stored); err != nil {
 			return events.Envelope{}, err
 		}
-		raw, err := packed.Unpack(stored)
+		raw, err := packed.Unpack(stored, key)
 		if err != nil {
 			return events.Envelope{}, fmt.Errorf("journaled event of %s: %w", key, err)
 		}

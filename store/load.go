@@ -48,7 +48,7 @@ func (h *Head) Dest() []any {
 
 // Operation decodes the scanned row.
 func (h *Head) Operation() (events.Operation, error) {
-	record, err := LoadedJSON(h.record, h.body)
+	record, err := LoadedJSON(h.record, h.body, h.key)
 	if err != nil {
 		return events.Operation{}, fmt.Errorf("loading operation %s: %w", h.key, err)
 	}
@@ -136,7 +136,7 @@ func (s *Store) Events(ctx context.Context, key string, afterSeq int64) ([]Store
 		if err := rows.Scan(&stored, &tp); err != nil {
 			return nil, fmt.Errorf("loading events of %s: %w", key, err)
 		}
-		raw, err := packed.Unpack(stored)
+		raw, err := packed.Unpack(stored, key)
 		if err != nil {
 			return nil, fmt.Errorf("loading events of %s: %w", key, err)
 		}

@@ -210,7 +210,7 @@ func readClaim(br pgx.BatchResults) (kept []OutboxEvent, held int, err error) {
 			held++
 			continue
 		}
-		e.Raw, err = packed.Unpack(stored)
+		e.Raw, err = packed.Unpack(stored, key)
 		if err != nil {
 			return nil, 0, fmt.Errorf("relay batch: outbox row %d (%s seq %d): %w", e.ID, key, seq, err)
 		}

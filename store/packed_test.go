@@ -67,8 +67,11 @@ func TestTheJournalStoresEnvelopesPacked(t *testing.T) {
 		case key == op.Key && (stored[0] == '{' || len(stored) >= len(raw)):
 			t.Errorf("%s seq %d: stored as %d bytes for a %d-byte envelope, not packed", key, seq, len(stored), len(raw))
 		}
-		if got, err := packed.Unpack(stored); err != nil || !bytes.Equal(got, raw) {
+		if got, err := packed.Unpack(stored, key); err != nil || !bytes.Equal(got, raw) {
 			t.Errorf("%s seq %d: the row unpacks to %q, %v", key, seq, got, err)
+		}
+		if _, err := packed.Unpack(stored, ""); key == op.Key && err == nil {
+			t.Errorf("%s seq %d: unpacks without its key: the key was not left out", key, seq)
 		}
 	}
 	if err := rows.Err(); err != nil {

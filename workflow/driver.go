@@ -599,7 +599,7 @@ func (d *Driver) PublishOnce(ctx context.Context) (int, error) {
 				rows.Close()
 				return err
 			}
-			raw, err := packed.Unpack(stored)
+			raw, err := packed.Unpack(stored, "")
 			if err != nil {
 				rows.Close()
 				return fmt.Errorf("workflow %s seq %d: %w", id, seq, err)

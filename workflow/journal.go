@@ -144,12 +144,14 @@ func queueHead(b *pgx.Batch, t *transition) error {
 	n := len(t.p.events)
 	seqs, ids, types := make([]int64, n), make([]string, n), make([]string, n)
 	envs, times := make([][]byte, n), make([]time.Time, n)
+	// Workflow envelopes are packed with no key left out (""): the
+	// operations' journal is where that pays (store.StoredEnvelope).
 	for i, e := range t.p.events {
 		env, err := json.Marshal(e)
 		if err != nil {
 			return fmt.Errorf("encoding %s of workflow %s: %w", e.Type, e.WorkflowID, err)
 		}
-		seqs[i], ids[i], types[i], envs[i], times[i] = e.Seq, e.EventID, string(e.Type), store.StoredEnvelope(env), e.OccurredAt
+		seqs[i], ids[i], types[i], envs[i], times[i] = e.Seq, e.EventID, string(e.Type), store.StoredEnvelope(env, ""), e.OccurredAt
 	}
 	// The head record is a derived copy in jsonb, which cannot hold NUL;
 	// the journal keeps the exact bytes.
@@ -285,7 +287,7 @@ func journal(ctx context.Context, q querier, id string) ([]events.WorkflowEnvelo
 		if err := rows.Scan(&stored); err != nil {
 			return nil, err
 		}
-		raw, err := packed.Unpack(stored)
+		raw, err := packed.Unpack(stored, "")
 		if err != nil {
 			return nil, fmt.Errorf("reading workflow %s: %w", id, err)
 		}
@@ -367,7 +369,7 @@ func scanJournaled(row pgx.CollectableRow) (events.JournaledWorkflowEvent, error
 	if err := row.Scan(&stored, &tp); err != nil {
 		return events.JournaledWorkflowEvent{}, err
 	}
-	raw, err := packed.Unpack(stored)
+	raw, err := packed.Unpack(stored, "")
 	if err != nil {
 		return events.JournaledWorkflowEvent{}, err
 	}

@@ -33,7 +33,7 @@ func TestTheWorkflowJournalStoresEnvelopesPacked(t *testing.T) {
 		if err := rows.Scan(&seq, &stored); err != nil {
 			t.Fatal(err)
 		}
-		raw, err := packed.Unpack(stored)
+		raw, err := packed.Unpack(stored, "")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1014,7 +1014,7 @@ func faultStoredIntent(ctx context.Context, t *testing.T, pool *pgxpool.Pool, ke
 	if err := pool.QueryRow(ctx, `SELECT envelope FROM events WHERE operation_key = $1 AND seq = 1`, key).Scan(&stored); err != nil {
 		t.Fatalf("loading the intent of %s: %v", key, err)
 	}
-	raw, err := packed.Unpack(stored)
+	raw, err := packed.Unpack(stored, key)
 	if err != nil {
 		t.Fatal(err)
 	}

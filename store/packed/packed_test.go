@@ -17,35 +17,63 @@ var sampleEnvelopes = []string{
 	`{"event_id":"7bcd8f24-9c7b-4675-af8e-28c13e832660","type":"attempt.succeeded","operation_key":"history/05844f7bfc8b89f0512de7c545ad502c","seq":3,"occurred_at":"2026-12-04T22:40:07.164872943Z","tool":"bench.charge","effect_class":"irreversible","attempt":1,"data":{"status_code":200,"result":{"id":"hist_92569","status":"succeeded"},"downstream_id":"hist_92569"}}`,
 }
 
+// sampleKey is the operation key of sampleEnvelopes and sampleHead.
+const sampleKey = "history/05844f7bfc8b89f0512de7c545ad502c"
+
 func TestPackedEnvelopesUnpackToTheSameBytes(t *testing.T) {
 	for _, env := range sampleEnvelopes {
-		stored := Pack([]byte(env))
-		if stored[0] != tagV2 {
-			t.Fatalf("a typical envelope was stored plain: %q", stored)
+		stored := Pack([]byte(env), sampleKey)
+		if stored[0] != tagV2Keyed {
+			t.Fatalf("a typical envelope was stored plain or with its key: %q", stored)
 		}
-		if len(stored)*2 > len(env) {
-			t.Errorf("packed %d bytes into %d: the dictionary no longer fits the envelopes", len(env), len(stored))
+		if unkeyed := Pack([]byte(env), ""); len(stored)*2 > len(env) || len(stored)+len(sampleKey)/2 > len(unkeyed) {
+			t.Errorf("packed %d bytes into %d (%d with the key): the dictionary no longer fits the envelopes, or the key stayed in", len(env), len(stored), len(unkeyed))
 		}
-		got, err := Unpack(stored)
+		got, err := Unpack(stored, sampleKey)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if string(got) != env {
 			t.Fatalf("unpacked\n%s\nwant\n%s", got, env)
 		}
+		if _, err := Unpack(stored, ""); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("a value packed without its key unpacked without it: %v", err)
+		}
+		if got, _ := Unpack(stored, "other"); string(got) == env {
+			t.Error("a value unpacked the same under another key: its key was not left out")
+		}
+	}
+}
+
+// TestLeavingTheKeyOutIsExact: whatever the value and the key, Unpack
+// gives back what Pack was given.
+func TestLeavingTheKeyOutIsExact(t *testing.T) {
+	for _, c := range []struct{ v, key string }{
+		{`{"a":"k","b":"k"}`, "k"},
+		{`{"a":"k"k"}`, "k"},                  // occurrences sharing a quote
+		{`["a","b"]`, ","},                    // a key that matches across strings
+		{"{\"a\":\"k\",\"n\":\"\x00\"}", "k"}, // a raw NUL: not marked
+		{`{"a":"k"}`, `"`},
+		{`{"a":"x"}`, "k"}, // no occurrence
+		{sampleHead, sampleKey},
+	} {
+		stored := Pack([]byte(c.v), c.key)
+		if got, err := Unpack(stored, c.key); err != nil || string(got) != c.v {
+			t.Errorf("Pack(%q, %q) unpacked to %q, %v", c.v, c.key, got, err)
+		}
 	}
 }
 
 // sampleHead is a head record as events.MarshalOperationBody writes it, of
 // a tool the dictionaries were not made from.
-const sampleHead = `{"principal":"bench-agent","args":{"amount":158,"currency":"EUR"},"phase":"attempt","attempt":1,"lease_until":null,"result":{"id":"hist_54258","status":"succeeded"},"downstream_id":"hist_54258","undo_ref":"","downstream_key":"history/9db1ef5e737abffccf8463f52efa2d54","compensations":0,"last_error_class":"","first_attempt_at":"2026-12-05T01:16:13.653529448Z","last_attempt_at":"2026-12-05T01:16:13.653529448Z","last_outcome_at":"2026-12-05T01:16:13.696278768Z","created_at":"2026-12-05T01:16:13.621459506Z","updated_at":"2026-12-05T01:16:13.696278768Z"}`
+const sampleHead = `{"principal":"bench-agent","args":{"amount":158,"currency":"EUR"},"phase":"attempt","attempt":1,"lease_until":null,"result":{"id":"hist_54258","status":"succeeded"},"downstream_id":"hist_54258","undo_ref":"","downstream_key":"history/05844f7bfc8b89f0512de7c545ad502c","compensations":0,"last_error_class":"","first_attempt_at":"2026-12-05T01:16:13.653529448Z","last_attempt_at":"2026-12-05T01:16:13.653529448Z","last_outcome_at":"2026-12-05T01:16:13.696278768Z","created_at":"2026-12-05T01:16:13.621459506Z","updated_at":"2026-12-05T01:16:13.696278768Z"}`
 
 func TestPackedHeadRecordsUnpackToTheSameBytes(t *testing.T) {
-	stored := Pack([]byte(sampleHead))
-	if stored[0] != tagV2 || len(stored)*5/2 > len(sampleHead) {
+	stored := Pack([]byte(sampleHead), sampleKey)
+	if stored[0] != tagV2Keyed || len(stored)*3 > len(sampleHead) {
 		t.Errorf("packed a %d-byte head record into %d: the dictionary no longer fits head records", len(sampleHead), len(stored))
 	}
-	if got, err := Unpack(stored); err != nil || string(got) != sampleHead {
+	if got, err := Unpack(stored, sampleKey); err != nil || string(got) != sampleHead {
 		t.Fatalf("unpacked %q, %v", got, err)
 	}
 }
@@ -55,7 +83,7 @@ func TestPackedHeadRecordsUnpackToTheSameBytes(t *testing.T) {
 func TestValuesPackedWithAnOlderDictionaryStillUnpack(t *testing.T) {
 	for _, env := range append(sampleEnvelopes, sampleHead) {
 		stored := append([]byte{tagV1}, v1.Encode(nil, []byte(env))...)
-		if got, err := Unpack(stored); err != nil || string(got) != env {
+		if got, err := Unpack(stored, ""); err != nil || string(got) != env {
 			t.Fatalf("a v1 value unpacked to %q, %v", got, err)
 		}
 	}
@@ -64,18 +92,18 @@ func TestValuesPackedWithAnOlderDictionaryStillUnpack(t *testing.T) {
 func TestPlainValuesAreReadAsTheyAre(t *testing.T) {
 	// Rows written before packing, and values packing would not shrink.
 	for _, v := range []string{sampleEnvelopes[0], `{}`, ``} {
-		got, err := Unpack([]byte(v))
+		got, err := Unpack([]byte(v), "")
 		if err != nil || string(got) != v {
 			t.Fatalf("Unpack(%q) = %q, %v", v, got, err)
 		}
 	}
-	if got := Pack([]byte(`{}`)); string(got) != `{}` {
+	if got := Pack([]byte(`{}`), ""); string(got) != `{}` {
 		t.Fatalf("a value packing cannot shrink was changed: %q", got)
 	}
 }
 
 func TestDamagedValuesAreErrorsNotPanics(t *testing.T) {
-	good := Pack([]byte(sampleEnvelopes[1]))
+	good := Pack([]byte(sampleEnvelopes[1]), "")
 	for name, v := range map[string][]byte{
 		"unknown tag":   append([]byte{0x7f}, good[1:]...),
 		"truncated":     good[:len(good)/2],
@@ -83,7 +111,7 @@ func TestDamagedValuesAreErrorsNotPanics(t *testing.T) {
 		"huge length":   {tagV1, 0xff, 0xff, 0xff, 0xff, 0x0f},
 		"flipped bytes": flip(good, 5),
 	} {
-		if _, err := Unpack(v); !errors.Is(err, ErrCorrupt) {
+		if _, err := Unpack(v, ""); !errors.Is(err, ErrCorrupt) {
 			// A flipped literal byte can decode to other JSON; what
 			// matters is that nothing panics and damage is not silent
 			// where the format can see it.
@@ -138,22 +166,28 @@ func TestDictionariesAreFrozen(t *testing.T) {
 
 func FuzzUnpack(f *testing.F) {
 	for _, env := range append(sampleEnvelopes, sampleHead) {
-		f.Add(Pack([]byte(env)))
+		f.Add(Pack([]byte(env), ""))
+		f.Add(Pack([]byte(env), sampleKey))
 		f.Add([]byte(env))
 		f.Add(append([]byte{tagV1}, v1.Encode(nil, []byte(env))...))
 	}
 	f.Fuzz(func(t *testing.T, stored []byte) {
-		out, err := Unpack(stored)
-		if err != nil {
-			return
-		}
-		if len(out) > MaxUnpacked {
-			t.Fatalf("unpacked %d bytes", len(out))
-		}
-		// What unpacks, packs again to something that unpacks the same.
-		again, err := Unpack(Pack(out))
-		if err != nil || !bytes.Equal(again, out) {
-			t.Fatalf("round trip of %q: %q, %v", out, again, err)
+		for _, key := range []string{"", sampleKey} {
+			out, err := Unpack(stored, key)
+			if err != nil {
+				continue
+			}
+			if len(out) > MaxUnpacked {
+				t.Fatalf("unpacked %d bytes", len(out))
+			}
+			// What unpacks, packs again to something that unpacks the
+			// same, with or without a key.
+			for _, k := range []string{"", key, "k"} {
+				again, err := Unpack(Pack(out, k), k)
+				if err != nil || !bytes.Equal(again, out) {
+					t.Fatalf("round trip of %q under key %q: %q, %v", out, k, again, err)
+				}
+			}
 		}
 	})
 }
@@ -162,16 +196,33 @@ func BenchmarkPack(b *testing.B) {
 	env := []byte(sampleEnvelopes[2])
 	b.SetBytes(int64(len(env)))
 	for b.Loop() {
-		Pack(env)
+		Pack(env, sampleKey)
 	}
 }
 
 func BenchmarkUnpack(b *testing.B) {
-	stored := Pack([]byte(sampleEnvelopes[2]))
+	stored := Pack([]byte(sampleEnvelopes[2]), sampleKey)
 	b.SetBytes(int64(len(sampleEnvelopes[2])))
 	for b.Loop() {
-		if _, err := Unpack(stored); err != nil {
+		if _, err := Unpack(stored, sampleKey); err != nil {
 			b.Fatal(err)
 		}
 	}
+}
+
+// FuzzPack: every value Pack returns, under any key, unpacks under that
+// key to the value it was given.
+func FuzzPack(f *testing.F) {
+	f.Add([]byte(sampleHead), sampleKey)
+	f.Add([]byte(`{"a":"k"k"}`), "k")
+	f.Add([]byte("\x00\"k\""), "k")
+	f.Fuzz(func(t *testing.T, v []byte, key string) {
+		if len(v) > 1<<16 {
+			return
+		}
+		got, err := Unpack(Pack(v, key), key)
+		if err != nil || !bytes.Equal(got, v) {
+			t.Fatalf("Pack(%q, %q) unpacked to %q, %v", v, key, got, err)
+		}
+	})
 }

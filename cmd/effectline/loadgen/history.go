@@ -248,7 +248,7 @@ SELECT o.body, s.body, o.record = $2::jsonb, s.record = $3::jsonb,
 			if b.stored == nil {
 				continue
 			}
-			unpacked, err := packed.Unpack(b.stored)
+			unpacked, err := packed.Unpack(b.stored, key)
 			if err != nil {
 				return fmt.Errorf("bench: checking history copy %s: %w", key, err)
 			}
@@ -299,7 +299,7 @@ func loadHistoryTemplates(ctx context.Context, q pgx.Tx, count int64) ([]history
 		if err := rows.Scan(&idx, &src, &did, &seq, &stored); err != nil {
 			return nil, err
 		}
-		raw, err := packed.Unpack(stored)
+		raw, err := packed.Unpack(stored, src)
 		if err != nil {
 			return nil, fmt.Errorf("template %s seq %d: %w", src, seq, err)
 		}
@@ -338,7 +338,7 @@ func loadHistoryTemplates(ctx context.Context, q pgx.Tx, count int64) ([]history
 			if b.stored == nil {
 				continue
 			}
-			json, err := packed.Unpack(b.stored)
+			json, err := packed.Unpack(b.stored, t.src)
 			if err != nil {
 				return nil, fmt.Errorf("template %s: %w", t.src, err)
 			}
@@ -379,15 +379,15 @@ CREATE TEMPORARY TABLE history_head (operation_key text, body bytea, state bytea
 			if e.seq == 1 {
 				column = id // as the store keeps it: the intent's id only
 			}
-			envs = append(envs, []any{key, e.seq, column, store.StoredEnvelope([]byte(env))})
+			envs = append(envs, []any{key, e.seq, column, store.StoredEnvelope([]byte(env), key)})
 		}
 		if t.body != "" || t.state != "" {
 			var body, state []byte
 			if t.body != "" {
-				body = packed.Pack([]byte(rewrite(t.body)))
+				body = packed.Pack([]byte(rewrite(t.body)), key)
 			}
 			if t.state != "" {
-				state = packed.Pack([]byte(rewrite(t.state)))
+				state = packed.Pack([]byte(rewrite(t.state)), key)
 			}
 			heads = append(heads, []any{key, body, state})
 		}
