@@ -63,17 +63,10 @@ func (r *Reader) List(ctx context.Context, f events.ListFilter) (events.ListPage
 	if err != nil {
 		return events.ListPage{}, err
 	}
-	if f.Status != "" && !f.Status.Valid() {
-		return events.ListPage{}, &events.FilterError{Field: "status", Reason: fmt.Sprintf("unknown status %q", f.Status)}
-	}
-	var q pageQuery
-	q.eq("status", string(f.Status))
-	q.eq("tool", f.Tool)
-	q.eq("principal", f.Principal)
-	if err := q.after(f.Cursor, "operation_key"); err != nil {
+	sql, args, err := listStatement(f, limit)
+	if err != nil {
 		return events.ListPage{}, err
 	}
-	sql, args := q.statement(`SELECT `+stateColumns+` FROM operation_state`, "operation_key", limit)
 
 	rows, err := r.pool.Query(ctx, sql, args...)
 	if err != nil {
@@ -95,6 +88,24 @@ func (r *Reader) List(ctx context.Context, f events.ListFilter) (events.ListPage
 	return p, nil
 }
 
+// listStatement is List's query for f: the status written into it (the
+// partial index operation_state_unsettled needs to see it), the rest
+// passed.
+func listStatement(f events.ListFilter, limit int) (string, []any, error) {
+	if f.Status != "" && !f.Status.Valid() {
+		return "", nil, &events.FilterError{Field: "status", Reason: fmt.Sprintf("unknown status %q", f.Status)}
+	}
+	var q pageQuery
+	q.literal("status", string(f.Status))
+	q.eq("tool", f.Tool)
+	q.eq("principal", f.Principal)
+	if err := q.after(f.Cursor, "operation_key"); err != nil {
+		return "", nil, err
+	}
+	sql, args := q.statement(`SELECT `+stateColumns+` FROM operation_state`, "operation_key", limit)
+	return sql, args, nil
+}
+
 // pageQuery builds a keyset page's statement from the filters present
 // rather than with "$1 IS NULL OR …" guards, so each shape gets a plan that
 // uses its index even when the statement is cached as a generic plan.
@@ -112,6 +123,17 @@ func (q *pageQuery) arg(v any) string {
 func (q *pageQuery) eq(col, v string) {
 	if v != "" {
 		q.conds = append(q.conds, col+" = "+q.arg(v))
+	}
+}
+
+// literal filters on col = v when v is set, with v written into the
+// statement rather than passed: a partial index on col (migration 0014's
+// operation_state_unsettled) serves a plan only when the planner can see
+// the value. v must be validated against a closed set first; it is quoted
+// all the same.
+func (q *pageQuery) literal(col, v string) {
+	if v != "" {
+		q.conds = append(q.conds, col+" = '"+strings.ReplaceAll(v, "'", "''")+"'")
 	}
 }
 
