@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/metric/noop"
 
 	"github.com/effectline/effectline/events"
+	"github.com/effectline/effectline/internal/pacing"
 )
 
 // MetricCommitAppends is the number of appends per synchronous commit of a
@@ -27,7 +28,7 @@ var ErrCommitterStopped = errors.New("committer stopped")
 //
 // At a moderate steady rate that is not enough: on a fast disk each commit
 // finishes before the next append arrives, and every append commits alone.
-// So while appends arrive steadily (pace), the first flusher keeps its
+// So while appends arrive steadily (internal/pacing), the first flusher keeps its
 // commits at least Window apart and gathers what arrives in between, as
 // PostgreSQL's commit_delay does for backends. After a quiet spell an append
 // commits at once, so a lone operation is not slowed.
@@ -44,7 +45,7 @@ type Committer struct {
 	flushers     int
 	backlogBatch int
 	backlog      chan struct{} // wakes a helping flusher
-	pace         pace          // the first flusher's only
+	pace         pacing.Pace   // the first flusher's only
 	appends      metric.Int64Histogram
 	done         chan struct{}
 }
@@ -54,6 +55,9 @@ type commitReq struct {
 	a    Append
 	resp chan AppendResult
 }
+
+// DefaultCommitWindow is the committer's Window unless configured.
+const DefaultCommitWindow = 4 * time.Millisecond
 
 // CommitterConfig tunes a Committer.
 type CommitterConfig struct {
@@ -109,7 +113,7 @@ func (s *Store) NewCommitter(cfg CommitterConfig) *Committer {
 		flushers:     cfg.Flushers,
 		backlogBatch: cfg.BacklogBatch,
 		backlog:      make(chan struct{}, cfg.Flushers),
-		pace:         pace{window: max(cfg.Window, 0)},
+		pace:         pacing.New(cfg.Window),
 		appends:      appends,
 		done:         make(chan struct{}),
 	}
@@ -161,7 +165,7 @@ func (c *Committer) flushLoop(ctx context.Context, first bool) {
 			batch = append(batch, r)
 		}
 		if first {
-			batch = c.gather(ctx, batch, c.pace.hold(time.Now()))
+			batch = c.gather(ctx, batch, c.pace.Hold(time.Now()))
 		}
 	drain:
 		for len(batch) < c.maxBatch {
@@ -179,7 +183,7 @@ func (c *Committer) flushLoop(ctx context.Context, first bool) {
 			}
 		}
 		if first {
-			c.pace.flushed(time.Now(), len(batch))
+			c.pace.Flushed(time.Now(), len(batch))
 		}
 		c.flush(ctx, batch)
 	}
