@@ -276,21 +276,7 @@ func TestMigrationKeepsADownstreamIndexBuiltBeforehand(t *testing.T) {
 	t.Parallel()
 	pool := testenv.NewPool(t, testenv.NewDatabase(t))
 	ctx := t.Context()
-	ms, err := store.Migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE effectline_migrations (
-		version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range ms {
-		if m.Version < 13 {
-			if err := rotateApply(ctx, pool, m); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	migrateOnly(t, pool, func(v int) bool { return v < 13 })
 	for _, sql := range []string{
 		`ALTER TABLE operations ADD COLUMN IF NOT EXISTS downstream_id text`,
 		`CREATE INDEX CONCURRENTLY operations_downstream ON operations (tool, downstream_id) WHERE downstream_id IS NOT NULL`,
