@@ -49,7 +49,7 @@ build b "$rev_b"
 
 for i in $(seq 1 "$runs"); do
   for side in a b; do
-    line=$("$work/$side" bench "$@" 2>/dev/null | grep -E '^(cpu|bench):' | tr '\n' ' ')
+    line=$("$work/$side" bench "$@" 2>/dev/null | grep -E '^(cpu|bench|wait):' | grep -v 'queries' | tr '\n' ' ')
     echo "$side $line" | tee -a "$work/results"
   done
 done
@@ -64,18 +64,24 @@ awk '
   }
   {
     side = $1
+    mode = ""
     for (f = 2; f <= NF; f++) {
+      # The wait: line (bench -wait) has p50/p99 of its own: POST to its 200.
+      if ($f == "wait:" || $f == "bench:") mode = $f
       if ($f == "cpu:") cpu[side] = cpu[side] " " $(f + 1)
       if ($f ~ /^throughput=/) { v = $f; sub(/throughput=/, "", v); sub(/\/s/, "", v); tp[side] = tp[side] " " v }
-      if ($f ~ /^p50=/) { v = $f; sub(/p50=/, "", v); sub(/ms/, "", v); p50[side] = p50[side] " " v }
-      if ($f ~ /^p99=/) { v = $f; sub(/p99=/, "", v); sub(/ms/, "", v); p99[side] = p99[side] " " v }
+      if ($f ~ /^p50=/) { v = $f; sub(/p50=/, "", v); sub(/ms/, "", v); if (mode == "wait:") w50[side] = w50[side] " " v; else p50[side] = p50[side] " " v }
+      if ($f ~ /^p99=/) { v = $f; sub(/p99=/, "", v); sub(/ms/, "", v); if (mode == "wait:") w99[side] = w99[side] " " v; else p99[side] = p99[side] " " v }
       if ($f ~ /^tx_per_op=/) { v = $f; sub(/tx_per_op=/, "", v); tx[side] = tx[side] " " v }
     }
   }
   END {
     for (s = 1; s <= 2; s++) {
       side = s == 1 ? "a" : "b"
-      printf "%s: throughput=%.0f/s p50=%.1fms p99=%.1fms tx_per_op=%.2f cpu=%.2f ms/op\n",
+      printf "%s: throughput=%.0f/s p50=%.1fms p99=%.1fms tx_per_op=%.2f cpu=%.2f ms/op",
         side, median(tp[side]), median(p50[side]), median(p99[side]), median(tx[side]), median(cpu[side])
+      if (w50[side] != "") printf " post_to_200_p50=%.1fms post_to_200_p99=%.1fms", median(w50[side]), median(w99[side])
+      printf "\n"
     }
+    print "(p50 and p99: intent committed -> settled row projected; post_to_200: the POST with Prefer: wait to its 200, with -wait)"
   }' "$work/results"
