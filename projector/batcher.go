@@ -106,17 +106,15 @@ type stream[E, R any] interface {
 // other flushers help only under a backlog.
 type batcher[E, R any] struct {
 	// pool runs the flushes' statements (see openWritePool); Run sets it.
-	pool         *pgxpool.Pool
-	stream       stream[E, R]
-	cache        *recordCache[R]
-	metrics      *streamMetrics
-	log          *slog.Logger
-	maxBatch     int
-	flushers     int
-	backlogBatch int
-	backlog      chan struct{} // wakes a helping flusher
-	pace         pacing.Pace   // the first flusher's only
-	timeout      time.Duration
+	pool     *pgxpool.Pool
+	stream   stream[E, R]
+	cache    *recordCache[R]
+	metrics  *streamMetrics
+	log      *slog.Logger
+	maxBatch int
+	flushers int
+	queue    *pacing.Queue[[]*request[E], *request[E]]
+	timeout  time.Duration
 
 	reqs chan []*request[E] // groups, see submit
 	done chan struct{}
@@ -194,68 +192,17 @@ func (b *batcher[E, R]) submit(ctxs []context.Context, envs []E) []response {
 	return out
 }
 
-// flushLoop is one flusher. The first one always takes work and paces its
-// writes; the others take one batch per backlog signal.
+// flushLoop is one flusher: the first always takes work and paces its
+// writes, the others help under a backlog (pacing.Queue).
 func (b *batcher[E, R]) flushLoop(ctx context.Context, first bool) {
 	batch := make([]*request[E], 0, b.maxBatch)
 	for {
-		batch = batch[:0]
-		if !first {
-			select {
-			case <-ctx.Done():
-				return
-			case <-b.backlog:
-			}
-		}
-		select {
-		case <-ctx.Done():
+		var ok bool
+		if batch, ok = b.queue.Next(ctx, first, batch); !ok {
 			return
-		case g := <-b.reqs:
-			batch = append(batch, g...)
-		}
-		if first {
-			batch = b.gather(batch, b.pace.Hold(time.Now()))
-		}
-	drain:
-		for len(batch) < b.maxBatch {
-			select {
-			case g := <-b.reqs:
-				batch = append(batch, g...)
-			default:
-				break drain
-			}
-		}
-		if len(batch) >= b.backlogBatch {
-			select {
-			case b.backlog <- struct{}{}:
-			default:
-			}
-		}
-		if first {
-			b.pace.Flushed(time.Now(), len(batch))
 		}
 		b.flush(ctx, batch)
 	}
-}
-
-// gather adds to batch the groups that arrive within d, up to a full
-// batch. A batch it holds is flushed even when ctx ends meanwhile: it has
-// left the queue, so nobody else would answer it.
-func (b *batcher[E, R]) gather(batch []*request[E], d time.Duration) []*request[E] {
-	if d <= 0 {
-		return batch
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	for len(batch) < b.maxBatch {
-		select {
-		case g := <-b.reqs:
-			batch = append(batch, g...)
-		case <-t.C:
-			return batch
-		}
-	}
-	return batch
 }
 
 func (b *batcher[E, R]) flush(ctx context.Context, batch []*request[E]) {

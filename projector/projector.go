@@ -203,20 +203,22 @@ func New(cfg Config) (*Projector, error) {
 }
 
 func newBatcher[E, R any](cfg Config, s stream[E, R], cache *recordCache[R], m *streamMetrics, log *slog.Logger) *batcher[E, R] {
-	return &batcher[E, R]{
-		stream:       s,
-		cache:        cache,
-		metrics:      m,
-		log:          log,
-		maxBatch:     cfg.MaxBatch,
-		flushers:     cfg.Flushers,
-		backlogBatch: cfg.BacklogBatch,
-		backlog:      make(chan struct{}, cfg.Flushers),
-		pace:         pacing.New(cfg.FlushWindow),
-		timeout:      cfg.FlushTimeout,
-		reqs:         make(chan []*request[E], cfg.MaxBatch*cfg.Flushers),
-		done:         make(chan struct{}),
+	b := &batcher[E, R]{
+		stream:   s,
+		cache:    cache,
+		metrics:  m,
+		log:      log,
+		maxBatch: cfg.MaxBatch,
+		flushers: cfg.Flushers,
+		timeout:  cfg.FlushTimeout,
+		reqs:     make(chan []*request[E], cfg.MaxBatch*cfg.Flushers),
+		done:     make(chan struct{}),
 	}
+	// A group (the events of one operation delivered together) goes into
+	// one batch whole.
+	b.queue = pacing.NewQueue(b.reqs, func(batch []*request[E], g []*request[E]) []*request[E] { return append(batch, g...) },
+		cfg.Flushers, cfg.MaxBatch, cfg.BacklogBatch, cfg.FlushWindow)
+	return b
 }
 
 // Run consumes until ctx is done and returns nil then; it returns an error

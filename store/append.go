@@ -108,6 +108,18 @@ const appendRowsSQL = `
 )
 SELECT count(*) FROM head`
 
+// EventIDColumn is what events.event_id holds for the event seq whose id
+// is id: the id for the intent (seq 1), the one SQL reads
+// (appendAfterIntentSQL), and "" after it. Every event's id is in its
+// envelope; leaving the column empty for the rest saves two ids (~74
+// bytes) per operation.
+func EventIDColumn(seq int64, id string) string {
+	if seq == 1 {
+		return id
+	}
+	return ""
+}
+
 // prepared is an append turned into statement arguments.
 type prepared struct {
 	sql  string
@@ -146,13 +158,7 @@ func prepare(a Append) (prepared, error) {
 		if err != nil {
 			return prepared{}, fmt.Errorf("append to %s: %w", next.Key, err)
 		}
-		seqs[i], types[i], envs[i], times[i] = e.Seq, string(e.Type), b, e.OccurredAt
-		if e.Seq == 1 {
-			// Only the intent's id is ever read back (appendAfterIntentSQL);
-			// every event's id is in its envelope. Leaving the column empty
-			// for the rest saves two ids (~74 bytes) per operation.
-			ids[i] = e.EventID
-		}
+		seqs[i], ids[i], types[i], envs[i], times[i] = e.Seq, EventIDColumn(e.Seq, e.EventID), string(e.Type), b, e.OccurredAt
 		stored[i] = StoredEnvelope(b, next.Key)
 		for _, t := range events.TopicsFor(e.Type) {
 			obSeqs = append(obSeqs, e.Seq)

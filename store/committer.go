@@ -39,15 +39,13 @@ var ErrCommitterStopped = errors.New("committer stopped")
 // synchronous commit each, while under a backlog one backend executing
 // every append in turn is the pipeline's bottleneck.
 type Committer struct {
-	store        *Store
-	reqs         chan *commitReq
-	maxBatch     int
-	flushers     int
-	backlogBatch int
-	backlog      chan struct{} // wakes a helping flusher
-	pace         pacing.Pace   // the first flusher's only
-	appends      metric.Int64Histogram
-	done         chan struct{}
+	store    *Store
+	reqs     chan *commitReq
+	maxBatch int
+	flushers int
+	queue    *pacing.Queue[*commitReq, *commitReq]
+	appends  metric.Int64Histogram
+	done     chan struct{}
 }
 
 type commitReq struct {
@@ -106,17 +104,17 @@ func (s *Store) NewCommitter(cfg CommitterConfig) *Committer {
 		// Only an invalid name fails, and this one is a constant.
 		appends = noop.Int64Histogram{}
 	}
-	return &Committer{
-		store:        s,
-		reqs:         make(chan *commitReq, cfg.MaxBatch*cfg.Flushers),
-		maxBatch:     cfg.MaxBatch,
-		flushers:     cfg.Flushers,
-		backlogBatch: cfg.BacklogBatch,
-		backlog:      make(chan struct{}, cfg.Flushers),
-		pace:         pacing.New(cfg.Window),
-		appends:      appends,
-		done:         make(chan struct{}),
+	c := &Committer{
+		store:    s,
+		reqs:     make(chan *commitReq, cfg.MaxBatch*cfg.Flushers),
+		maxBatch: cfg.MaxBatch,
+		flushers: cfg.Flushers,
+		appends:  appends,
+		done:     make(chan struct{}),
 	}
+	c.queue = pacing.NewQueue(c.reqs, func(b []*commitReq, r *commitReq) []*commitReq { return append(b, r) },
+		cfg.Flushers, cfg.MaxBatch, cfg.BacklogBatch, cfg.Window)
+	return c
 }
 
 // Run flushes batches until ctx is done, then fails what is still queued.
@@ -150,65 +148,12 @@ func (c *Committer) Run(ctx context.Context) error {
 func (c *Committer) flushLoop(ctx context.Context, first bool) {
 	batch := make([]*commitReq, 0, c.maxBatch)
 	for {
-		batch = batch[:0]
-		if !first {
-			select {
-			case <-ctx.Done():
-				return
-			case <-c.backlog:
-			}
-		}
-		select {
-		case <-ctx.Done():
+		var ok bool
+		if batch, ok = c.queue.Next(ctx, first, batch); !ok {
 			return
-		case r := <-c.reqs:
-			batch = append(batch, r)
-		}
-		if first {
-			batch = c.gather(ctx, batch, c.pace.Hold(time.Now()))
-		}
-	drain:
-		for len(batch) < c.maxBatch {
-			select {
-			case r := <-c.reqs:
-				batch = append(batch, r)
-			default:
-				break drain
-			}
-		}
-		if len(batch) >= c.backlogBatch {
-			select {
-			case c.backlog <- struct{}{}:
-			default:
-			}
-		}
-		if first {
-			c.pace.Flushed(time.Now(), len(batch))
 		}
 		c.flush(ctx, batch)
 	}
-}
-
-// gather adds to batch what arrives within d, up to a full batch. A batch
-// it holds is flushed even when ctx ends meanwhile: it has left the queue,
-// so nobody else would answer it.
-func (c *Committer) gather(ctx context.Context, batch []*commitReq, d time.Duration) []*commitReq {
-	if d <= 0 {
-		return batch
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	for len(batch) < c.maxBatch {
-		select {
-		case r := <-c.reqs:
-			batch = append(batch, r)
-		case <-t.C:
-			return batch
-		case <-ctx.Done():
-			return batch
-		}
-	}
-	return batch
 }
 
 func (c *Committer) flush(ctx context.Context, batch []*commitReq) {

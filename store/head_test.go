@@ -26,15 +26,7 @@ func TestHeadRecordIsPackedWithoutItsColumns(t *testing.T) {
 	t.Parallel()
 	s := setup(t)
 	ctx := t.Context()
-	op := create(t, s, "head/1")
-	op, err := s.Append(ctx, store.Append{Base: op, Events: []events.Envelope{started(t, op, "w1")}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	op, err = s.Append(ctx, store.Append{Base: op, Events: []events.Envelope{succeeded(t, op, "ch_head1")}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	op := settle(t, s, "head/1", "ch_head1")
 
 	var (
 		body, record            []byte
@@ -113,19 +105,8 @@ func TestCallbacksFindHeadRowsByDownstreamIDInEitherPlace(t *testing.T) {
 	t.Parallel()
 	s := setup(t)
 	ctx := t.Context()
-	settle := func(key, id string) events.Operation {
-		op := create(t, s, key)
-		op, err := s.Append(ctx, store.Append{Base: op, Events: []events.Envelope{started(t, op, "w1")}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if op, err = s.Append(ctx, store.Append{Base: op, Events: []events.Envelope{succeeded(t, op, id)}}); err != nil {
-			t.Fatal(err)
-		}
-		return op
-	}
-	compactOp := settle("byid/compact", "ch_same")
-	plainOp := settle("byid/plain", "ch_same")
+	compactOp := settle(t, s, "byid/compact", "ch_same")
+	plainOp := settle(t, s, "byid/plain", "ch_same")
 	full, err := events.MarshalOperation(plainOp)
 	if err != nil {
 		t.Fatal(err)
@@ -165,6 +146,22 @@ func TestCallbacksFindHeadRowsByDownstreamIDInEitherPlace(t *testing.T) {
 			t.Errorf("%s: tombstone %+v, %v; want its principal and downstream id", key, ts, err)
 		}
 	}
+}
+
+// settle creates key, starts its attempt and journals its success with the
+// downstream id id, each in an append of its own.
+func settle(t *testing.T, s *store.Store, key, id string) events.Operation {
+	t.Helper()
+	ctx := t.Context()
+	op := create(t, s, key)
+	op, err := s.Append(ctx, store.Append{Base: op, Events: []events.Envelope{started(t, op, "w1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if op, err = s.Append(ctx, store.Append{Base: op, Events: []events.Envelope{succeeded(t, op, id)}}); err != nil {
+		t.Fatal(err)
+	}
+	return op
 }
 
 func succeeded(t *testing.T, op events.Operation, downstreamID string) events.Envelope {

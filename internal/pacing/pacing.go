@@ -1,6 +1,7 @@
-// Package pacing decides how long a group commit holds a batch open: the
+// Package pacing is how a group commit's flushers take their batches
+// (Queue) and how long the first of them holds a batch open (Pace): the
 // journal's committer (store.Committer) and the read model's batcher
-// (projector) both pace their first flusher with it.
+// (projector) both flush from it.
 package pacing
 
 import (

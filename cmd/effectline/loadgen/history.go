@@ -227,37 +227,39 @@ func checkHistory(ctx context.Context, a *app.App, n int) error {
 			return err
 		}
 		var (
-			body, stateBody []byte
-			same, sameRead  *bool
-			distinct        bool
+			body, stateBody       []byte
+			sameRecord, sameState *bool
+			distinct              bool
 		)
 		err = a.Pool.QueryRow(ctx, `
 SELECT o.body, s.body, o.record = $2::jsonb, s.record = $3::jsonb,
        (SELECT count(*) FROM operations d WHERE d.tool = o.tool AND (d.downstream_id = i.did OR d.record->>'downstream_id' = i.did)) = 1
   FROM operations o JOIN operation_state s USING (operation_key),
        LATERAL (SELECT coalesce(o.downstream_id, o.record->>'downstream_id') AS did) i
- WHERE o.operation_key = $1`, key, string(head), string(read)).Scan(&body, &stateBody, &same, &sameRead, &distinct)
+ WHERE o.operation_key = $1`, key, string(head), string(read)).Scan(&body, &stateBody, &sameRecord, &sameState, &distinct)
 		if err != nil {
 			return fmt.Errorf("bench: checking history copy %s: %w", key, err)
 		}
-		// A packed record is compared as the bytes the store wrote.
-		for _, b := range []struct {
-			stored, want []byte
-			eq           **bool
-		}{{body, head, &same}, {stateBody, read, &sameRead}} {
-			if b.stored == nil {
-				continue
+		// A row holds its record packed in body (compared as the bytes the
+		// store wrote) or as jsonb in record (compared by SQL).
+		matches := func(body []byte, sameRecord *bool, want []byte) (bool, error) {
+			if body == nil {
+				return sameRecord != nil && *sameRecord, nil
 			}
-			unpacked, err := packed.Unpack(b.stored, key)
-			if err != nil {
-				return fmt.Errorf("bench: checking history copy %s: %w", key, err)
-			}
-			eq := string(unpacked) == string(b.want)
-			*b.eq = &eq
+			unpacked, err := packed.Unpack(body, key)
+			return string(unpacked) == string(want), err
 		}
-		if same == nil || !*same || sameRead == nil || !*sameRead || !distinct {
-			return fmt.Errorf("bench: history copy %s is not what the components would have written (head record is the fold: %v, read model: %v, downstream id its own: %t)",
-				key, same != nil && *same, sameRead != nil && *sameRead, distinct)
+		same, err := matches(body, sameRecord, head)
+		if err != nil {
+			return fmt.Errorf("bench: checking history copy %s: %w", key, err)
+		}
+		sameRead, err := matches(stateBody, sameState, read)
+		if err != nil {
+			return fmt.Errorf("bench: checking history copy %s: %w", key, err)
+		}
+		if !same || !sameRead || !distinct {
+			return fmt.Errorf("bench: history copy %s is not what the components would have written (head record is the fold: %t, read model: %t, downstream id its own: %t)",
+				key, same, sameRead, distinct)
 		}
 	}
 	return nil
@@ -331,21 +333,24 @@ func loadHistoryTemplates(ctx context.Context, q pgx.Tx, count int64) ([]history
 			return nil, err
 		}
 		t := &out[idx]
-		for _, b := range []struct {
-			stored []byte
-			to     *string
-		}{{head, &t.body}, {state, &t.state}} {
-			if b.stored == nil {
-				continue
-			}
-			json, err := packed.Unpack(b.stored, t.src)
-			if err != nil {
-				return nil, fmt.Errorf("template %s: %w", t.src, err)
-			}
-			*b.to = string(json)
+		if t.body, err = unpackedOrEmpty(head, t.src); err != nil {
+			return nil, fmt.Errorf("template %s: %w", t.src, err)
+		}
+		if t.state, err = unpackedOrEmpty(state, t.src); err != nil {
+			return nil, fmt.Errorf("template %s: %w", t.src, err)
 		}
 	}
 	return out, rows.Err()
+}
+
+// unpackedOrEmpty is the JSON a packed body of the row of key holds, or ""
+// for a row without one.
+func unpackedOrEmpty(body []byte, key string) (string, error) {
+	if body == nil {
+		return "", nil
+	}
+	json, err := packed.Unpack(body, key)
+	return string(json), err
 }
 
 // historyRows writes the rows of copies lo … hi-1 that SQL cannot rewrite,
@@ -375,11 +380,7 @@ CREATE TEMPORARY TABLE history_head (operation_key text, body bytea, state bytea
 		for _, e := range t.events {
 			id := events.NewID()
 			env := strings.ReplaceAll(rewrite(e.json), `"`+e.id+`"`, `"`+id+`"`)
-			column := ""
-			if e.seq == 1 {
-				column = id // as the store keeps it: the intent's id only
-			}
-			envs = append(envs, []any{key, e.seq, column, store.StoredEnvelope([]byte(env), key)})
+			envs = append(envs, []any{key, e.seq, store.EventIDColumn(e.seq, id), store.StoredEnvelope([]byte(env), key)})
 		}
 		if t.body != "" || t.state != "" {
 			var body, state []byte
