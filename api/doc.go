@@ -7,8 +7,8 @@
 //
 // POST /v1/intents journals intent.recorded through the store's group
 // committer, so concurrent requests share one transaction and one commit. The
-// (operation_key, seq) uniqueness of the event store is the only
-// deduplication: a second intent under a key loses the insert race, and the
+// event store's one head row per operation key is the only deduplication: a
+// second intent under a key loses the insert race, and the
 // handler then loads the head record and answers from it (the stored result
 // when completed, the current status otherwise, 409 when the args differ).
 // Nothing is read before the write, so two racing requests can never both

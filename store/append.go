@@ -158,7 +158,7 @@ func prepare(a Append) (prepared, error) {
 		if err != nil {
 			return prepared{}, fmt.Errorf("append to %s: %w", next.Key, err)
 		}
-		seqs[i], ids[i], types[i], envs[i], times[i] = e.Seq, EventIDColumn(e.Seq, e.EventID), string(e.Type), b, e.OccurredAt
+		seqs[i], ids[i], types[i], envs[i], times[i] = e.Seq, EventIDColumn(e.Seq, e.EventID), StoredEventType(e.Type), b, e.OccurredAt
 		stored[i] = StoredEnvelope(b, next.Key)
 		for _, t := range events.TopicsFor(e.Type) {
 			obSeqs = append(obSeqs, e.Seq)

@@ -41,6 +41,20 @@ func StoredEnvelope(env []byte, key string) []byte {
 	return packed.Pack(env, key)
 }
 
+// StoredEventType is what events.type holds for an event of type t as
+// this process writes it: the type (Plain, as older binaries wrote and
+// read it) or "" (Compact), ~16 bytes less per event. The type is in every
+// envelope and no SQL of effectline's reads the column. "" rather than
+// NULL keeps the column NOT NULL, so a compact writer needs no migration
+// first (an agent service that embeds outbox.Append may be upgraded
+// before effectline's processes migrate the database).
+func StoredEventType(t events.Type) string {
+	if RowFormat(rowFormat.Load()) == Plain {
+		return string(t)
+	}
+	return ""
+}
+
 // StoredJSON returns a JSON record as this process stores it in a table
 // with a jsonb record column and a bytea body column (the read model's
 // operation_state): in record (Plain), or packed in body (Compact). The

@@ -239,6 +239,56 @@ func TestPlainRowsAreWhatOlderBinariesWrote(t *testing.T) {
 	if body != nil || principal != nil || downstreamID != nil {
 		t.Errorf("a plain row sets columns older binaries do not know: body %q, principal %v, downstream_id %v", body, principal, downstreamID)
 	}
+	var types []*string
+	if err := s.Pool().QueryRow(ctx, `SELECT array_agg(type ORDER BY seq) FROM events WHERE operation_key = $1`, op.Key).Scan(&types); err != nil {
+		t.Fatal(err)
+	}
+	if len(types) != 2 || types[0] == nil || *types[0] != string(events.IntentRecorded) || types[1] == nil || *types[1] != string(events.AttemptStarted) {
+		t.Errorf("a plain row's type column is %v, not its event's type, which older binaries required", types)
+	}
+}
+
+// TestFirstEventTimesReadEitherRowFormat: compact rows leave events.type
+// empty (it is in the envelope), plain rows keep it, and
+// FirstEventTimes, the one reader of the type, reads both. Not parallel:
+// the format is process-wide.
+func TestFirstEventTimesReadEitherRowFormat(t *testing.T) {
+	s := setup(t)
+	ctx := t.Context()
+	journal := func(key string) {
+		op := create(t, s, key)
+		if _, err := s.Append(ctx, store.Append{Base: op, Events: []events.Envelope{started(t, op, "w1")}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	journal("types/compact")
+	store.SetRowFormat(store.Plain)
+	journal("types/plain")
+	store.SetRowFormat(store.Compact)
+
+	var nulls, set int
+	if err := s.Pool().QueryRow(ctx, `SELECT count(*) FILTER (WHERE type = '' AND operation_key = 'types/compact'),
+	       count(*) FILTER (WHERE type <> '' AND operation_key = 'types/plain') FROM events`).Scan(&nulls, &set); err != nil {
+		t.Fatal(err)
+	}
+	if nulls != 2 || set != 2 {
+		t.Errorf("%d compact rows without a type and %d plain rows with one, want 2 and 2", nulls, set)
+	}
+	first, err := s.FirstEventTimes(ctx, []string{"types/compact", "types/plain"}, events.IntentRecorded, events.AttemptStarted, events.AttemptSucceeded)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"types/compact", "types/plain"} {
+		if at := first[events.IntentRecorded][key]; !at.Equal(t0) {
+			t.Errorf("%s: intent recorded at %v, want %v", key, at, t0)
+		}
+		if at := first[events.AttemptStarted][key]; !at.Equal(t0.Add(time.Second)) {
+			t.Errorf("%s: attempt started at %v, want %v", key, at, t0.Add(time.Second))
+		}
+	}
+	if len(first[events.AttemptSucceeded]) != 0 {
+		t.Errorf("an attempt succeeded that never ran: %v", first[events.AttemptSucceeded])
+	}
 }
 
 // TestOnlyTheIntentKeepsItsEventIDInAColumn: events.event_id is read only
@@ -292,5 +342,51 @@ func TestMigrationKeepsADownstreamIndexBuiltBeforehand(t *testing.T) {
 	var n int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE indexname = 'operations_downstream'`).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("operations_downstream exists %d times (%v)", n, err)
+	}
+}
+
+// TestMigrationKeepsTheLeanIndexesBuiltBeforehand: on large tables an
+// operator builds migration 0015's indexes concurrently before upgrading
+// (deploy/OPERATIONS.md); the migration then keeps them, drops what they
+// replace, and a journal written before reads the same after.
+func TestMigrationKeepsTheLeanIndexesBuiltBeforehand(t *testing.T) {
+	t.Parallel()
+	pool := testenv.NewPool(t, testenv.NewDatabase(t))
+	ctx := t.Context()
+	migrateOnly(t, pool, func(v int) bool { return v < 15 })
+	s := store.New(pool)
+	op := create(t, s, "before/0015")
+	if _, err := s.Append(ctx, store.Append{Base: op, Events: []events.Envelope{started(t, op, "w1")}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, sql := range []string{
+		`CREATE INDEX CONCURRENTLY events_operation_key ON events (operation_key)`,
+		`CREATE INDEX CONCURRENTLY operation_state_created_at ON operation_state (created_at)`,
+		`CREATE INDEX CONCURRENTLY operation_state_tool_created_at ON operation_state (tool, created_at)`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	applied, err := store.Migrate(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(applied, 15) {
+		t.Fatalf("Migrate applied %v; want 15 among them", applied)
+	}
+	var indexes []string
+	if err := pool.QueryRow(ctx, `SELECT array_agg(indexname ORDER BY indexname) FROM pg_indexes
+	    WHERE tablename IN ('events', 'operation_state')`).Scan(&indexes); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"events_operation_key", "operation_state_created_at", "operation_state_pkey",
+		"operation_state_tool_created_at", "operation_state_unsettled"}
+	if !slices.Equal(indexes, want) {
+		t.Errorf("indexes after 0015: %v, want %v", indexes, want)
+	}
+	evs, err := s.Events(ctx, op.Key, 0)
+	if err != nil || len(evs) != 2 || evs[0].Type != events.IntentRecorded || evs[1].Type != events.AttemptStarted {
+		t.Fatalf("Events after 0015 = %+v, %v", evs, err)
 	}
 }

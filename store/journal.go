@@ -15,7 +15,7 @@ import (
 // JournalTx streams every journaled event inside the caller's transaction,
 // in (operation_key, seq) order: each operation's events in seq order, one
 // operation after the other. It reads pageSize events per query; each page
-// is a range scan of the events table's primary key that starts where the
+// is a range scan of the events table's operation_key index that starts where the
 // last one ended, so the whole journal is read without an offset and
 // without holding it in memory. The first error ends the sequence.
 func JournalTx(ctx context.Context, tx pgx.Tx, pageSize int) iter.Seq2[events.Envelope, error] {
@@ -44,11 +44,17 @@ func JournalTx(ctx context.Context, tx pgx.Tx, pageSize int) iter.Seq2[events.En
 	}
 }
 
-func journalPage(ctx context.Context, tx pgx.Tx, afterKey string, afterSeq int64, limit int) ([]events.Envelope, error) {
-	rows, err := tx.Query(ctx, `SELECT operation_key, envelope FROM events
+// journalPageSQL reads the journal after (key, seq). The operation_key
+// index orders the keys and its condition starts the scan at $1; the few
+// events of one key are sorted by seq as they come (an Incremental Sort),
+// so a page costs the same however deep into the journal it starts.
+const journalPageSQL = `SELECT operation_key, envelope FROM events
 	WHERE (operation_key, seq) > ($1, $2)
 	ORDER BY operation_key, seq
-	LIMIT $3`, afterKey, afterSeq, limit)
+	LIMIT $3`
+
+func journalPage(ctx context.Context, tx pgx.Tx, afterKey string, afterSeq int64, limit int) ([]events.Envelope, error) {
+	rows, err := tx.Query(ctx, journalPageSQL, afterKey, afterSeq, limit)
 	if err != nil {
 		return nil, fmt.Errorf("reading events after %s/%d: %w", afterKey, afterSeq, interpretError(err))
 	}
@@ -82,30 +88,61 @@ func journalPage(ctx context.Context, tx pgx.Tx, afterKey string, afterSeq int64
 // because a prefix match is a sequential scan of the whole journal (no
 // index serves starts_with or LIKE under a non-"C" collation), which after
 // millions of operations of history is gigabytes read per report; = ANY
-// walks the primary key.
+// walks the operation_key index. Compact rows leave the type column empty
+// (StoredEventType), so their type comes from the envelope.
 func (s *Store) FirstEventTimes(ctx context.Context, keys []string, types ...events.Type) (map[events.Type]map[string]time.Time, error) {
-	names := make([]string, len(types))
 	out := make(map[events.Type]map[string]time.Time, len(types))
-	for i, t := range types {
-		names[i] = string(t)
+	for _, t := range types {
 		out[t] = map[string]time.Time{}
 	}
-	rows, err := s.pool.Query(ctx, `SELECT operation_key, type, min(occurred_at) FROM events
-		WHERE operation_key = ANY($1) AND type = ANY($2) GROUP BY operation_key, type`, keys, names)
+	fail := func(err error) error {
+		return fmt.Errorf("reading first event times of %d operations: %w", len(keys), interpretError(err))
+	}
+	rows, err := s.pool.Query(ctx, `SELECT operation_key, type, occurred_at, CASE WHEN type = '' THEN envelope END
+		FROM events WHERE operation_key = ANY($1)`, keys)
 	if err != nil {
-		return nil, fmt.Errorf("reading first event times of %d operations: %w", len(keys), interpretError(err))
+		return nil, fail(err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var key, typ string
-		var at time.Time
-		if err := rows.Scan(&key, &typ, &at); err != nil {
-			return nil, fmt.Errorf("reading first event times of %d operations: %w", len(keys), interpretError(err))
+		var (
+			key    string
+			typ    string
+			at     time.Time
+			stored []byte
+		)
+		if err := rows.Scan(&key, &typ, &at, &stored); err != nil {
+			return nil, fail(err)
 		}
-		out[events.Type(typ)][key] = at
+		t, err := eventType(key, typ, stored)
+		if err != nil {
+			return nil, fail(err)
+		}
+		if byKey, ok := out[t]; ok {
+			if first, seen := byKey[key]; !seen || at.Before(first) {
+				byKey[key] = at
+			}
+		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("reading first event times of %d operations: %w", len(keys), interpretError(err))
+		return nil, fail(err)
 	}
 	return out, nil
+}
+
+// eventType is the type of a journal row of key: its type column, or,
+// where a compact row left that empty, its envelope's.
+func eventType(key, column string, stored []byte) (events.Type, error) {
+	if column != "" {
+		return events.Type(column), nil
+	}
+	raw, err := packed.Unpack(stored, key)
+	if err != nil {
+		return "", fmt.Errorf("journaled event of %s: %w", key, err)
+	}
+	e, err := events.Decode(raw)
+	if err != nil {
+		return "", fmt.Errorf("journaled event of %s: %w", key, err)
+	}
+	return e.Type, nil
 }

@@ -167,6 +167,49 @@ func TestConcurrentAppendOneWinner(t *testing.T) {
 	}
 }
 
+// TestConcurrentCreatesOneWinner: writers racing to journal the intent of
+// one new operation, each on its own connection; the head's primary key
+// lets exactly one create it. With TestConcurrentAppendOneWinner it is
+// what keeps (operation_key, seq) unique in the journal, which has no
+// unique key of its own since migration 0015.
+func TestConcurrentCreatesOneWinner(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := t.Context()
+	const writers = 16
+	start := make(chan struct{})
+	errs := make([]error, writers)
+	var wg sync.WaitGroup
+	for i := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ev := intent(t, "race/create", `{"amount":1}`)
+			<-start
+			_, errs[i] = s.Append(ctx, store.Append{Events: []events.Envelope{ev}})
+		}()
+	}
+	close(start)
+	wg.Wait()
+	wins := 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			wins++
+		case store.IsConflict(err):
+		default:
+			t.Fatalf("unexpected error: %v", err)
+		}
+	}
+	var journaled int
+	if err := s.Pool().QueryRow(ctx, `SELECT count(*) FROM events WHERE operation_key = 'race/create'`).Scan(&journaled); err != nil {
+		t.Fatal(err)
+	}
+	if wins != 1 || journaled != 1 {
+		t.Fatalf("%d writers won and %d intents were journaled, want exactly 1 and 1", wins, journaled)
+	}
+}
+
 func TestAppendBatchIsolatesConflicts(t *testing.T) {
 	t.Parallel()
 	s := setup(t)
