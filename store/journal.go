@@ -15,7 +15,7 @@ import (
 // JournalTx streams every journaled event inside the caller's transaction,
 // in (operation_key, seq) order: each operation's events in seq order, one
 // operation after the other. It reads pageSize events per query; each page
-// is a range scan of the events table's operation_key index that starts where the
+// is a range scan of the events table's primary key that starts where the
 // last one ended, so the whole journal is read without an offset and
 // without holding it in memory. The first error ends the sequence.
 func JournalTx(ctx context.Context, tx pgx.Tx, pageSize int) iter.Seq2[events.Envelope, error] {
@@ -44,10 +44,9 @@ func JournalTx(ctx context.Context, tx pgx.Tx, pageSize int) iter.Seq2[events.En
 	}
 }
 
-// journalPageSQL reads the journal after (key, seq). The operation_key
-// index orders the keys and its condition starts the scan at $1; the few
-// events of one key are sorted by seq as they come (an Incremental Sort),
-// so a page costs the same however deep into the journal it starts.
+// journalPageSQL reads the journal after (key, seq): a range scan of the
+// primary key from that row on, so a page costs the same however deep
+// into the journal it starts.
 const journalPageSQL = `SELECT operation_key, envelope FROM events
 	WHERE (operation_key, seq) > ($1, $2)
 	ORDER BY operation_key, seq
@@ -88,7 +87,7 @@ func journalPage(ctx context.Context, tx pgx.Tx, afterKey string, afterSeq int64
 // because a prefix match is a sequential scan of the whole journal (no
 // index serves starts_with or LIKE under a non-"C" collation), which after
 // millions of operations of history is gigabytes read per report; = ANY
-// walks the operation_key index. Compact rows leave the type column empty
+// walks the primary key. Compact rows leave the type column empty
 // (StoredEventType), so their type comes from the envelope.
 func (s *Store) FirstEventTimes(ctx context.Context, keys []string, types ...events.Type) (map[events.Type]map[string]time.Time, error) {
 	out := make(map[events.Type]map[string]time.Time, len(types))

@@ -9,9 +9,8 @@ import (
 )
 
 // TestHotStatementsProbeByKey reads the generic plans of the relay's claim
-// on a freshly migrated database: each claimed row reads its event through
-// the operation_key index, never by a join over the journal (see
-// claimOutboxSQL).
+// on a freshly migrated database: each claimed row reads its event by
+// primary key, never by a join over the journal (see claimOutboxSQL).
 func TestHotStatementsProbeByKey(t *testing.T) {
 	t.Parallel()
 	url := testenv.NewDatabase(t)
@@ -24,17 +23,15 @@ func TestHotStatementsProbeByKey(t *testing.T) {
 			t.Errorf("the generic plan of claimOutboxSQL has %q:\n%s", bad, plan)
 		}
 	}
-	if !strings.Contains(plan, "events_operation_key") {
-		t.Errorf("the generic plan of claimOutboxSQL does not probe events_operation_key:\n%s", plan)
+	if !strings.Contains(plan, "events_pkey") {
+		t.Errorf("the generic plan of claimOutboxSQL does not probe events_pkey:\n%s", plan)
 	}
 }
 
 // TestTheRebuildPagesTheJournalByIndex reads the generic plan of the
 // rebuild's page of the journal on a journal of 30,000 events: it starts
-// in the operation_key index where the last page ended and sorts only the
-// events of one key at a time (migration 0015 left the journal without
-// its (operation_key, seq) primary key). A Seq Scan and a full Sort would
-// read the whole journal for every page.
+// in the primary key where the last page ended and reads it in order. A
+// Seq Scan and a full Sort would read the whole journal for every page.
 func TestTheRebuildPagesTheJournalByIndex(t *testing.T) {
 	t.Parallel()
 	url := testenv.NewDatabase(t)
@@ -51,8 +48,8 @@ func TestTheRebuildPagesTheJournalByIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	plan := testenv.GenericPlan(t, url, journalPageSQL)
-	if !strings.Contains(plan, "events_operation_key") {
-		t.Errorf("the journal's page does not read events_operation_key:\n%s", plan)
+	if !strings.Contains(plan, "events_pkey") {
+		t.Errorf("the journal's page does not read events_pkey:\n%s", plan)
 	}
 	for _, line := range strings.Split(plan, "\n") {
 		if strings.Contains(line, "Seq Scan") || (strings.Contains(line, "Sort") && !strings.Contains(line, "Incremental Sort") && !strings.Contains(line, "Sort Key") && !strings.Contains(line, "Presorted Key")) {

@@ -169,9 +169,8 @@ func TestConcurrentAppendOneWinner(t *testing.T) {
 
 // TestConcurrentCreatesOneWinner: writers racing to journal the intent of
 // one new operation, each on its own connection; the head's primary key
-// lets exactly one create it. With TestConcurrentAppendOneWinner it is
-// what keeps (operation_key, seq) unique in the journal, which has no
-// unique key of its own since migration 0015.
+// lets exactly one create it, and the others get a conflict, not the
+// journal's unique violation.
 func TestConcurrentCreatesOneWinner(t *testing.T) {
 	t.Parallel()
 	s := setup(t)

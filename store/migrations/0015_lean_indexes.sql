@@ -1,40 +1,26 @@
--- Indexes that hold what reads need and no more (issue #21): a retained
--- operation cost ~2,370 bytes of disk, ~630 of them in three indexes that
--- repeat the 40-character operation key once per entry.
+-- The read model's list indexes leave out the operation key (issue #21).
+-- A page is ordered by (created_at, operation_key), but created_at alone
+-- nearly always decides it, so the indexes hold created_at (and the tool)
+-- without the key and PostgreSQL sorts the rare rows that share a
+-- microsecond (an Incremental Sort over the index): ~220 bytes per
+-- operation become ~80. projector.Reader plans each list with its values
+-- (a common tool reads operation_state_created_at, a rare one
+-- operation_state_tool_created_at).
 --
--- The journal: events' primary key (operation_key, seq) was ~305 bytes per
--- operation, one entry per event. It was a backstop, not the guard: an
--- event is inserted only by the statement that moves the operation's head
--- row from the seq its writer read (store/append.go: the INSERT runs only
--- WHERE EXISTS the head's UPDATE … WHERE seq = $2, or the head's INSERT …
--- ON CONFLICT DO NOTHING for seq 1), and the head is one row per key under
--- its own primary key, so two writers of the same seq cannot both commit.
--- A plain index on operation_key serves every read (an operation's events,
--- the relay's probe of one event, the rebuild's keyset walk) and
--- PostgreSQL stores a key's three entries once with three row pointers:
--- ~95 bytes per operation.
+-- The journal keeps its (operation_key, seq) primary key, although the
+-- head's claim already keeps the pair unique: replaced by a plain index on
+-- operation_key (~95 bytes per operation instead of ~305), the relay's and
+-- the executor's probes of one event became bitmap scans wherever the
+-- journal had no statistics, and flat-out throughput fell by a fifth
+-- (docs/benchmarks.md, session 16). A unique key tells the planner one row
+-- whatever the statistics say.
 --
--- Without a primary key, logical replication could not publish the
--- pruner's deletes; REPLICA IDENTITY FULL lets it (it costs WAL only
--- where wal_level = logical, and only for those deletes).
---
--- The read model: a page is ordered by (created_at, operation_key), but
--- created_at alone nearly always decides it, so the indexes hold
--- created_at (and the tool) without the key and PostgreSQL sorts the rare
--- rows that share a microsecond (an Incremental Sort over the index):
--- ~220 bytes per operation become ~65.
---
--- Building the new indexes reads the whole tables under a lock that holds
--- writes back (the writers retry; nothing is lost); on large tables create
--- them first, concurrently, and this migration keeps them
--- (deploy/OPERATIONS.md, "Upgrading across 0015"):
---   CREATE INDEX CONCURRENTLY events_operation_key ON events (operation_key);
+-- Building the new indexes reads the whole read model under a lock that
+-- holds its writes back (the projector retries; nothing is lost); on a
+-- large table create them first, concurrently, and this migration keeps
+-- them (deploy/OPERATIONS.md, "Upgrading across migration 0015"):
 --   CREATE INDEX CONCURRENTLY operation_state_created_at ON operation_state (created_at);
 --   CREATE INDEX CONCURRENTLY operation_state_tool_created_at ON operation_state (tool, created_at);
-CREATE INDEX IF NOT EXISTS events_operation_key ON events (operation_key);
-ALTER TABLE events DROP CONSTRAINT IF EXISTS events_pkey;
-ALTER TABLE events REPLICA IDENTITY FULL;
-
 CREATE INDEX IF NOT EXISTS operation_state_created_at ON operation_state (created_at);
 CREATE INDEX IF NOT EXISTS operation_state_tool_created_at ON operation_state (tool, created_at);
 DROP INDEX IF EXISTS operation_state_created;
