@@ -506,12 +506,23 @@ func TestMigrationCarriesTheOutboxBacklogOver(t *testing.T) {
 	// Version 8 by hand, as Migrate would have left it before 0009. The
 	// backlog is written by this binary's store, whose appends also need
 	// the head columns of 0013 (which touches operations alone), so 0013
-	// goes in early.
+	// goes in early, and name the outbox row's slot: the version 8 outbox
+	// gets a slot column and an outbox_slot table for the writes, both
+	// gone again before the upgrade.
 	migrateOnly(t, pool, func(v int) bool { return v <= 8 || v == 13 })
+	exec := func(sqls ...string) {
+		for _, sql := range sqls {
+			if _, err := pool.Exec(ctx, sql); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	exec(`ALTER TABLE outbox ADD COLUMN slot smallint`, `CREATE TABLE outbox_slot AS SELECT 0::smallint AS slot`)
 	s := store.New(pool)
 	op := outboxCreate(t, s, "backlog-1")
 	outboxStarted(t, s, op)
 	outboxCreate(t, s, "backlog-2")
+	exec(`ALTER TABLE outbox DROP COLUMN slot`, `DROP TABLE outbox_slot`)
 	var ids []int64
 	if err := pool.QueryRow(ctx, `SELECT array_agg(id ORDER BY id) FROM outbox`).Scan(&ids); err != nil {
 		t.Fatal(err)
