@@ -96,8 +96,10 @@ WITH head AS (
 // written only if the head CTE wrote its row. The outbox rows name their
 // slot with a subquery the statement's plan runs once, not through the
 // column's default, outbox_current_slot(): a SQL function with a FROM
-// is not inlined, so the default planned its query again in every append
-// (~12 µs a statement, ten times the rest of a one-row insert). Both read
+// is not inlined, so the default ran a query of its own, set up anew in
+// every statement, for every outbox row (a one-row insert 13 µs instead
+// of 1.5; flat out +16 % without it, docs/benchmarks.md, session 16;
+// store TestAppendsNameTheOutboxSlotThemselves). Both read
 // the same row in the same snapshot; which slot is current matters only
 // for speed (store/rotate.go).
 const appendRowsSQL = `
