@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/testenv"
@@ -74,18 +75,7 @@ func TestListsUseTheirIndexes(t *testing.T) {
 		{filter: events.ListFilter{Tool: "rare.tool", Cursor: after}, index: "operation_state_tool_created_at", sortsFew: true},
 		{filter: events.ListFilter{Tool: "no.such.tool"}, index: "operation_state_tool_created_at", sortsFew: true},
 	} {
-		sql, args, err := listStatement(c.filter, events.DefaultListLimit)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rows, err := pool.Query(ctx, "EXPLAIN (COSTS OFF) "+sql, append([]any{listExecMode}, args...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
+		lines := listPlan(t, pool, c.filter)
 		plan := strings.Join(lines, "\n")
 		if !strings.Contains(plan, c.index) {
 			t.Errorf("listing %+v does not read %s:\n%s", c.filter, c.index, plan)
@@ -97,4 +87,56 @@ func TestListsUseTheirIndexes(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestAPrincipalsListTakesTheIndexAnOperatorBuilt: deploy/OPERATIONS.md
+// tells operators with many principals to build an index on (principal,
+// created_at); List, planned with its values, then reads it for a
+// principal with few operations among many, and keeps reading
+// operation_state_created_at for one with a large share.
+func TestAPrincipalsListTakesTheIndexAnOperatorBuilt(t *testing.T) {
+	t.Parallel()
+	url := storedb.New(t)
+	pool := testenv.NewPool(t, url)
+	ctx := t.Context()
+	for _, sql := range []string{
+		`INSERT INTO operation_state (operation_key, tool, effect_class, payload_hash, principal,
+		       status, phase, attempt, last_seq, record, created_at, updated_at)
+		SELECT 'op-' || i, 'tool', 'idempotent', 'h', CASE WHEN i % 1000 = 7 THEN 'rare-agent' ELSE 'agent-' || (i % 4) END,
+		       'completed', 'attempt', 1, 3, '{}', now() - i * interval '1 ms', now()
+		  FROM generate_series(1, 20000) i`,
+		`CREATE INDEX CONCURRENTLY operation_state_principal_created_at ON operation_state (principal, created_at)`,
+		`ANALYZE operation_state`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for principal, index := range map[string]string{
+		"rare-agent": "operation_state_principal_created_at",
+		"agent-1":    "operation_state_created_at",
+	} {
+		if plan := strings.Join(listPlan(t, pool, events.ListFilter{Principal: principal}), "\n"); !strings.Contains(plan, index) {
+			t.Errorf("listing %s's operations does not read %s:\n%s", principal, index, plan)
+		}
+	}
+}
+
+// listPlan is the plan of List's statement for f, as List runs it
+// (listExecMode), one line of EXPLAIN each.
+func listPlan(t *testing.T, pool *pgxpool.Pool, f events.ListFilter) []string {
+	t.Helper()
+	sql, args, err := listStatement(f, events.DefaultListLimit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := pool.Query(t.Context(), "EXPLAIN (COSTS OFF) "+sql, append([]any{listExecMode}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lines
 }
