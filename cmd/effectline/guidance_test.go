@@ -90,7 +90,7 @@ func TestGuidancePortInUse(t *testing.T) {
 
 func TestGuidanceKafkaUnreachable(t *testing.T) {
 	t.Parallel()
-	brokers := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	brokers := testenv.RefusedAddr(t)
 	env := map[string]string{envDatabaseURL: testenv.NewDatabase(t), envHTTPAddr: "127.0.0.1:0", envKafkaBrokers: brokers}
 	p := start(t, "dev (Kafka unreachable)", env, "dev")
 	// Progress long before the 30 s the connection is given.
