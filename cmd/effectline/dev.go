@@ -91,6 +91,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	a, err := app.Open(ctx, app.Options{
 		Config: cfg, Stdout: stderr, Getenv: getenv, Components: app.Components, Migrate: true,
 		Tools: registry, Workflows: workflows, Open: open, Service: "effectline-dev", Version: version,
+		SoleWriter: true,
 	})
 	if err != nil {
 		return err

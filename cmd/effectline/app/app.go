@@ -56,6 +56,8 @@ type App struct {
 	// apiDrain is the API's api.Config.ShutdownDelay (see
 	// APIShutdownDelay).
 	apiDrain time.Duration
+	// soleWriter: Options.SoleWriter.
+	soleWriter bool
 
 	// crashPoint is the executor's and the workflow driver's crash hook;
 	// nil unless built with the crashpoints tag (crashpoint.go).
@@ -146,6 +148,12 @@ type Options struct {
 	// APIDrain: see APIShutdownDelay. Zero under dev, which nothing
 	// balances traffic to, so Ctrl-C exits at once.
 	APIDrain time.Duration
+	// SoleWriter says this process journals every event of every
+	// operation but the intents agents append themselves: dev and bench,
+	// one process with every component, no replicas. Its waiters are then
+	// woken from its own commits and the sweep alone, and do not tail the
+	// outcomes topic (see waitFeed).
+	SoleWriter bool
 	// waits, when set (by this package's tests), adjusts the waiters' hub.
 	waits func(*watch.Config)
 	// tracer, when set (by this package's tests), sees every statement the
@@ -195,7 +203,7 @@ func New(ctx context.Context, o Options) (*App, error) {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
 	a := &App{Config: o.Config, Tel: tel, Log: tel.Logger(), open: o.Open, apiDrain: o.APIDrain,
-		crashPoint: crashPoint(o.Getenv), waitsConfig: o.waits}
+		soleWriter: o.SoleWriter, crashPoint: crashPoint(o.Getenv), waitsConfig: o.waits}
 	a.Pool, err = connectDatabase(ctx, o.Config.DatabaseURL, o.tracer)
 	if err != nil {
 		_ = tel.Shutdown(context.WithoutCancel(ctx))
@@ -435,6 +443,23 @@ func (a *App) APIAddr() string {
 	return a.apiSrv.Addr()
 }
 
+// waitFeed is the feed that wakes the API's waiters besides this
+// process's commits: the outcomes topic, which carries the events other
+// processes journal (executors, reconcilers and API replicas elsewhere),
+// or nothing in a sole writer. There it would only repeat what the commits
+// delivered, at the cost of reading and decoding every event once more:
+// ~0.1 ms of the process's CPU per operation at 500/s with waits
+// (docs/benchmarks.md, session 16). What a sole writer does not journal, an agent's own
+// intent, needs no feed: a waiter on it is woken by the executor's next
+// event (a gap it fills with one read of the head) or, if none comes, by
+// the sweep.
+func (a *App) waitFeed() watch.Feed {
+	if a.soleWriter {
+		return nil
+	}
+	return watch.NewKafkaFeed(a.Kafka, a.Log)
+}
+
 func (a *App) buildAPI() (*api.Server, error) {
 	tokens, err := api.ParseTokens(a.Config.APITokens)
 	if err != nil {
@@ -448,7 +473,7 @@ func (a *App) buildAPI() (*api.Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	wc := watch.Config{Loader: a.Store, Feed: watch.NewKafkaFeed(a.Kafka, a.Log), Logger: a.Log}
+	wc := watch.Config{Loader: a.Store, Feed: a.waitFeed(), Logger: a.Log}
 	if a.waitsConfig != nil {
 		a.waitsConfig(&wc)
 	}

@@ -170,8 +170,10 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 	if bc.Split {
 		comps = nil
 	}
+	// One process journals every event (with -split the API is elsewhere
+	// and this process has none), as in dev.
 	a, err := app.Open(ctx, app.Options{Config: cfg, Stdout: stderr, Getenv: getenv, Components: comps,
-		Migrate: true, Tools: reg, Service: "effectline-bench", Open: true})
+		Migrate: true, Tools: reg, Service: "effectline-bench", Open: true, SoleWriter: !bc.Split})
 	if err != nil {
 		return err
 	}
