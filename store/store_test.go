@@ -126,31 +126,9 @@ func TestConcurrentAppendOneWinner(t *testing.T) {
 	s := setup(t)
 	ctx := context.Background()
 	op := create(t, s, "race")
-	const writers = 16
-	start := make(chan struct{})
-	errs := make([]error, writers)
-	var wg sync.WaitGroup
-	for i := range writers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ev := started(t, op, fmt.Sprintf("worker-%d", i))
-			<-start
-			_, errs[i] = s.Append(ctx, store.Append{Base: op, Events: []events.Envelope{ev}, TopicPrefix: "effectline."})
-		}()
-	}
-	close(start)
-	wg.Wait()
-	wins := 0
-	for _, err := range errs {
-		switch {
-		case err == nil:
-			wins++
-		case store.IsConflict(err):
-		default:
-			t.Fatalf("unexpected error: %v", err)
-		}
-	}
+	wins := race(t, s, func(i int) store.Append {
+		return store.Append{Base: op, Events: []events.Envelope{started(t, op, fmt.Sprintf("worker-%d", i))}, TopicPrefix: "effectline."}
+	})
 	if wins != 1 {
 		t.Fatalf("%d writers won, want exactly 1", wins)
 	}
@@ -175,18 +153,32 @@ func TestConcurrentCreatesOneWinner(t *testing.T) {
 	t.Parallel()
 	s := setup(t)
 	ctx := t.Context()
+	wins := race(t, s, func(int) store.Append {
+		return store.Append{Events: []events.Envelope{intent(t, "race/create", `{"amount":1}`)}}
+	})
+	var journaled int
+	if err := s.Pool().QueryRow(ctx, `SELECT count(*) FROM events WHERE operation_key = 'race/create'`).Scan(&journaled); err != nil {
+		t.Fatal(err)
+	}
+	if wins != 1 || journaled != 1 {
+		t.Fatalf("%d writers won and %d intents were journaled, want exactly 1 and 1", wins, journaled)
+	}
+}
+
+// race runs 16 writers' appends at once, each on its own connection, and
+// returns how many won; a loser must get a conflict, nothing else.
+func race(t *testing.T, s *store.Store, appendOf func(writer int) store.Append) int {
+	t.Helper()
 	const writers = 16
 	start := make(chan struct{})
 	errs := make([]error, writers)
 	var wg sync.WaitGroup
 	for i := range writers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ev := intent(t, "race/create", `{"amount":1}`)
+		a := appendOf(i)
+		wg.Go(func() {
 			<-start
-			_, errs[i] = s.Append(ctx, store.Append{Events: []events.Envelope{ev}})
-		}()
+			_, errs[i] = s.Append(context.Background(), a)
+		})
 	}
 	close(start)
 	wg.Wait()
@@ -200,13 +192,7 @@ func TestConcurrentCreatesOneWinner(t *testing.T) {
 			t.Fatalf("unexpected error: %v", err)
 		}
 	}
-	var journaled int
-	if err := s.Pool().QueryRow(ctx, `SELECT count(*) FROM events WHERE operation_key = 'race/create'`).Scan(&journaled); err != nil {
-		t.Fatal(err)
-	}
-	if wins != 1 || journaled != 1 {
-		t.Fatalf("%d writers won and %d intents were journaled, want exactly 1 and 1", wins, journaled)
-	}
+	return wins
 }
 
 func TestAppendBatchIsolatesConflicts(t *testing.T) {

@@ -23,32 +23,9 @@ import (
 // long before its wait runs out (202 after 5s without the hook).
 func TestAPIBesideTheExecutorWakesWaitersFromCommits(t *testing.T) {
 	t.Parallel()
-	broker := testenv.NewBroker(t)
-	fake := testenv.NewFakeTool(t)
-	tools, err := httptool.Parse([]byte(`
-tools:
-  - name: cache.set
-    effect: idempotent
-    invoke: {method: POST, url: "`+fake.URL+`/effects/cache", timeout: 2s}
-`), os.Getenv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	a, err := Open(ctx, Options{
-		Config: Config{DatabaseURL: storedb.New(t), KafkaBrokers: broker.Addrs, HTTPAddr: "127.0.0.1:0",
-			Partitions: 3, Replication: 1, LogLevel: "error"},
-		Stdout: discard{}, Getenv: func(string) string { return "" },
-		Components: []string{Relay, Executor, API}, Tools: tools, Open: true,
+	a := runWaker(t, storedb.New(t), testenv.NewFakeTool(t), Options{
 		waits: func(c *watch.Config) { c.Feed, c.SweepInterval = nil, time.Minute },
 	})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
 
 	req, _ := http.NewRequest(http.MethodPost, "http://"+a.APIAddr()+"/v1/intents",
 		strings.NewReader(`{"operation_key":"wake-app-1","tool":"cache.set","args":{"k":"v"}}`))
@@ -66,6 +43,36 @@ tools:
 	if reloads, sweeps := a.Waits.Queries(); reloads != 0 || sweeps != 0 {
 		t.Errorf("%d reloads, %d sweeps: the commits left a gap", reloads, sweeps)
 	}
+}
+
+// runWaker runs a relay, an executor and the API on db, with the tool
+// cache.set calling fake and o's SoleWriter and waits, until the test
+// ends.
+func runWaker(t *testing.T, db string, fake *testenv.FakeTool, o Options) *App {
+	t.Helper()
+	tools, err := httptool.Parse([]byte(`
+tools:
+  - name: cache.set
+    effect: idempotent
+    invoke: {method: POST, url: "`+fake.URL+`/effects/cache", timeout: 5s}
+`), os.Getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	o.Config = Config{DatabaseURL: db, KafkaBrokers: testenv.NewBroker(t).Addrs, HTTPAddr: "127.0.0.1:0",
+		Partitions: 3, Replication: 1, LogLevel: "error"}
+	o.Stdout, o.Getenv = discard{}, func(string) string { return "" }
+	o.Components, o.Tools, o.Open = []string{Relay, Executor, API}, tools, true
+	a, err := Open(ctx, o)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return a
 }
 
 type discard struct{}
@@ -86,34 +93,10 @@ func TestASoleWriterWakesWaitersWithoutTheOutcomesTopic(t *testing.T) {
 	if (&App{}).waitFeed() == nil {
 		t.Fatal("a process that is not the sole writer does not tail the outcomes topic")
 	}
-	broker := testenv.NewBroker(t)
 	fake := testenv.NewFakeTool(t)
 	fake.Script(testenv.RouteInvoke, testenv.FaultStall(time.Second))
-	tools, err := httptool.Parse([]byte(`
-tools:
-  - name: cache.set
-    effect: idempotent
-    invoke: {method: POST, url: "`+fake.URL+`/effects/cache", timeout: 5s}
-`), os.Getenv)
-	if err != nil {
-		t.Fatal(err)
-	}
 	db := storedb.New(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	a, err := Open(ctx, Options{
-		Config: Config{DatabaseURL: db, KafkaBrokers: broker.Addrs, HTTPAddr: "127.0.0.1:0",
-			Partitions: 3, Replication: 1, LogLevel: "error"},
-		Stdout: discard{}, Getenv: func(string) string { return "" },
-		Components: []string{Relay, Executor, API}, Tools: tools, Open: true, SoleWriter: true,
-		waits: func(c *watch.Config) { c.SweepInterval = time.Minute },
-	})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	a := runWaker(t, db, fake, Options{SoleWriter: true, waits: func(c *watch.Config) { c.SweepInterval = time.Minute }})
 
 	// The agent's own process: its own pool, its own transaction.
 	agent := testenv.NewPool(t, db)
