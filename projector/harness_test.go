@@ -203,6 +203,22 @@ func (r *running) count(t testing.TB, outcome string) int64 {
 	return 0
 }
 
+// countOnce returns outcome's count once it reached want, or what it is
+// when waitTimeout ran out. The batcher counts a batch's outcomes after
+// its rows committed, so a test that has just seen the rows (waitSeqs) can
+// read the counter a moment too early; a count past want returns at once.
+func (r *running) countOnce(t testing.TB, outcome string, want int64) int64 {
+	t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		got := r.count(t, outcome)
+		if got >= want || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // rejected returns how many messages the consumer rejected as malformed.
 func (r *running) rejected(t testing.TB) int64 {
 	t.Helper()

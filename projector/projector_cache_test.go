@@ -91,7 +91,7 @@ func TestCacheBehindTheTableDoesNotMoveTheRowBack(t *testing.T) {
 	h.waitSeqs(map[string]int64{key: 5})
 	h.assertMatchesReplay(key)
 	assertCached(t, run, key, 5)
-	if got := run.count(t, projector.OutcomeApplied); got != 2 {
+	if got := run.countOnce(t, projector.OutcomeApplied, 2); got != 2 {
 		t.Errorf("applied = %d, want 2 (seqs 1 and 5)", got)
 	}
 	if got := run.count(t, projector.OutcomeGapFilled); got != 0 {
@@ -124,10 +124,10 @@ func TestRowBehindTheCacheIsRepairedByTheNextEvent(t *testing.T) {
 	if _, err := h.pool.Exec(ctx, `UPDATE operation_state s SET (
 		    tool, effect_class, payload_hash, principal, status, phase, attempt, lease_until, result,
 		    downstream_id, undo_ref, last_error_class, compensations, evidence, escalation, last_seq,
-		    record, created_at, updated_at, projected_at) = (
+		    record, body, created_at, updated_at, projected_at) = (
 		    r.tool, r.effect_class, r.payload_hash, r.principal, r.status, r.phase, r.attempt, r.lease_until, r.result,
 		    r.downstream_id, r.undo_ref, r.last_error_class, r.compensations, r.evidence, r.escalation, r.last_seq,
-		    r.record, r.created_at, r.updated_at, r.projected_at)
+		    r.record, r.body, r.created_at, r.updated_at, r.projected_at)
 		  FROM saved_row r WHERE s.operation_key = r.operation_key`); err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestRowBehindTheCacheIsRepairedByTheNextEvent(t *testing.T) {
 	if got := run.count(t, projector.OutcomeGapFilled); got != 0 {
 		t.Errorf("gap filled = %d, want 0: seq 3 was folded onto the cached seq 2", got)
 	}
-	if got := run.count(t, projector.OutcomeApplied); got != 3 {
+	if got := run.countOnce(t, projector.OutcomeApplied, 3); got != 3 {
 		t.Errorf("applied = %d, want 3", got)
 	}
 }
@@ -182,7 +182,7 @@ func TestCacheEvictionKeepsRowsCorrect(t *testing.T) {
 			t.Errorf("step %d: %d records cached, cap %d", step, n, capacity)
 		}
 	}
-	if got := run.count(t, projector.OutcomeApplied); got != int64(total) {
+	if got := run.countOnce(t, projector.OutcomeApplied, int64(total)); got != int64(total) {
 		t.Errorf("applied = %d, want %d", got, total)
 	}
 	// A miss reads the current row, so nothing is ever a gap or a repeat.
