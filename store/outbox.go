@@ -73,6 +73,19 @@ SELECT c.id, c.operation_key, c.seq, c.topic, e.envelope, e.traceparent,
         WHERE e.operation_key = c.operation_key AND e.seq = c.seq
         LIMIT 1) e`
 
+// customPlansSQL makes the relay's transaction plan its claim and its
+// delete with their values and the partitions' sizes at that moment, never
+// with a generic plan a connection cached earlier. Statistics of the
+// outbox partitions say little: each is truncated every rotation and fills
+// again, and a VACUUM of an empty one (a database-wide VACUUM, the bench's
+// after seeding a history) records zero rows. A generic plan made then
+// scans the partition for every claimed row's order guard and every
+// delete, for as long as the connection keeps it, while the partition
+// fills with a rotation period's rows: flat out fell to under half on a
+// history database (docs/benchmarks.md, session 16). Planning the claim
+// costs a fraction of a millisecond a batch.
+const customPlansSQL = `SET LOCAL plan_cache_mode = force_custom_plan`
+
 // deleteOutboxSQL names the rows' operation keys beside their ids, which
 // the ids alone would make redundant: on a distributed store the keys route
 // the delete to the shards holding the rows (docs/design.md, "Beyond one
@@ -138,10 +151,14 @@ func (s *Store) RelayBatch(ctx context.Context, limit int, publish func([]Outbox
 
 	var b pgx.Batch
 	b.Queue("BEGIN")
+	b.Queue(customPlansSQL)
 	b.Queue(claimOutboxSQL, limit)
 	br := conn.SendBatch(ctx, &b)
 	_, err = br.Exec()
 	inTx = err == nil
+	if err == nil {
+		_, err = br.Exec()
+	}
 	var kept []OutboxEvent
 	if err == nil {
 		kept, skipped, err = readClaim(br)

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/effectline/effectline/internal/testenv"
 )
 
@@ -55,5 +57,66 @@ func TestTheRebuildPagesTheJournalByIndex(t *testing.T) {
 		if strings.Contains(line, "Seq Scan") || (strings.Contains(line, "Sort") && !strings.Contains(line, "Incremental Sort") && !strings.Contains(line, "Sort Key") && !strings.Contains(line, "Presorted Key")) {
 			t.Errorf("the journal's page reads the whole journal (%s):\n%s", strings.TrimSpace(line), plan)
 		}
+	}
+}
+
+// TestTheRelayPlansWithThePartitionsItFinds: a VACUUM of the empty outbox
+// partitions records zero rows, and a generic plan of the claim made then
+// scans a partition for every claimed row's order guard; it still does
+// once the partition holds thousands of rows, as a connection keeps it.
+// Under customPlansSQL, which the relay's transaction sets first, the same
+// prepared claim is planned with the partitions as they are, and reads the
+// one that filled by index.
+func TestTheRelayPlansWithThePartitionsItFinds(t *testing.T) {
+	t.Parallel()
+	url := testenv.NewDatabase(t)
+	pool := testenv.NewPool(t, url)
+	ctx := t.Context()
+	if _, err := Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`VACUUM outbox_0, outbox_1, outbox_2`)
+	exec(`SET plan_cache_mode = force_generic_plan`)
+	exec(`PREPARE claim(int) AS ` + claimOutboxSQL)
+	exec(`EXPLAIN EXECUTE claim(500)`) // the generic plan, made while the partitions are empty
+	exec(`INSERT INTO outbox (operation_key, seq, topic) SELECT 'op-' || i, 1, 'effectline.intents' FROM generate_series(1, 20000) i`)
+	plan := func() string {
+		t.Helper()
+		rows, err := conn.Query(ctx, `EXPLAIN (COSTS OFF) EXECUTE claim(500)`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(lines, "\n")
+	}
+	var slot int
+	if err := conn.QueryRow(ctx, `SELECT outbox_current_slot()`).Scan(&slot); err != nil {
+		t.Fatal(err)
+	}
+	full := "Seq Scan on " + outboxPartition(slot) + " "
+	if p := plan(); !strings.Contains(p, full) {
+		t.Fatalf("the cached generic plan does not scan the partition that filled, so this test shows nothing:\n%s", p)
+	}
+	exec(`BEGIN`)
+	exec(customPlansSQL)
+	p := plan()
+	exec(`ROLLBACK`)
+	// The empty partitions may be scanned: they have no page to read.
+	if strings.Contains(p, full) {
+		t.Errorf("under %q the claim still scans the partition that filled:\n%s", customPlansSQL, p)
 	}
 }
