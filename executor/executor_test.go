@@ -393,7 +393,10 @@ func TestRacingExecutors(t *testing.T) {
 	for i := range n {
 		op := e.waitStatus(fmt.Sprintf("race-%d", i), events.StatusCompleted)
 		if op.Attempt != 1 {
-			t.Fatalf("%s: %d attempts", op.Key, op.Attempt)
+			// Say why: a race cannot start two attempts at once (the
+			// store's claim), so a second one followed a first that ended.
+			t.Fatalf("%s: %d attempts; history %v, last error class %q, effects for its key %d",
+				op.Key, op.Attempt, e.history(op.Key), op.LastErrorClass, e.fake.EffectsForKey(op.Key))
 		}
 	}
 	time.Sleep(300 * time.Millisecond)
