@@ -65,15 +65,7 @@ func journalPage(ctx context.Context, tx pgx.Tx, afterKey string, afterSeq int64
 		if err := row.Scan(&key, &stored); err != nil {
 			return events.Envelope{}, err
 		}
-		raw, err := packed.Unpack(stored, key)
-		if err != nil {
-			return events.Envelope{}, fmt.Errorf("journaled event of %s: %w", key, err)
-		}
-		e, err := events.Decode(raw)
-		if err != nil {
-			return events.Envelope{}, fmt.Errorf("journaled event of %s: %w", key, err)
-		}
-		return e, nil
+		return journaledEvent(key, stored)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("reading events after %s/%d: %w", afterKey, afterSeq, interpretError(err))
@@ -135,13 +127,19 @@ func eventType(key, column string, stored []byte) (events.Type, error) {
 	if column != "" {
 		return events.Type(column), nil
 	}
+	e, err := journaledEvent(key, stored)
+	return e.Type, err
+}
+
+// journaledEvent decodes an envelope as a journal row of key stores it.
+func journaledEvent(key string, stored []byte) (events.Envelope, error) {
 	raw, err := packed.Unpack(stored, key)
 	if err != nil {
-		return "", fmt.Errorf("journaled event of %s: %w", key, err)
+		return events.Envelope{}, fmt.Errorf("journaled event of %s: %w", key, err)
 	}
 	e, err := events.Decode(raw)
 	if err != nil {
-		return "", fmt.Errorf("journaled event of %s: %w", key, err)
+		return events.Envelope{}, fmt.Errorf("journaled event of %s: %w", key, err)
 	}
-	return e.Type, nil
+	return e, nil
 }

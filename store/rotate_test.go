@@ -19,7 +19,6 @@ import (
 	"github.com/effectline/effectline/internal/testenv"
 	"github.com/effectline/effectline/internal/testenv/storedb"
 	"github.com/effectline/effectline/store"
-	"github.com/effectline/effectline/store/packed"
 )
 
 // The helpers here carry a rotate prefix so they never collide with the
@@ -415,34 +414,21 @@ func TestOutboxRotationRacesWritersAndRelays(t *testing.T) {
 		t.Fatalf("%d rotations and %d truncates: the race was not run", rotations.Load(), truncates.Load())
 	}
 
-	// What the journal holds is what committed.
-	// (The type is in the envelope; compact rows leave the column empty.)
-	rows, err := s.Pool().Query(t.Context(), `SELECT operation_key, seq, envelope FROM events`)
+	// What the journal holds is what committed (read as the rebuild reads
+	// it: the type is in the envelope, compact rows leave the column empty).
+	tx, err := s.Pool().Begin(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() { _ = tx.Rollback(t.Context()) }()
 	want := map[pub]bool{}
-	for rows.Next() {
-		var key string
-		var seq int64
-		var stored []byte
-		if err := rows.Scan(&key, &seq, &stored); err != nil {
-			t.Fatal(err)
-		}
-		raw, err := packed.Unpack(stored, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e, err := events.Decode(raw)
+	for e, err := range store.JournalTx(t.Context(), tx, 1000) {
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, topic := range events.TopicsFor(e.Type) {
-			want[pub{"effectline." + topic, key, seq}] = true
+			want[pub{"effectline." + topic, e.OperationKey, e.Seq}] = true
 		}
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
 	}
 	if len(want) < writers*opsPerWriter {
 		t.Fatalf("only %d outbox rows committed; the writers did not run", len(want))
