@@ -31,6 +31,7 @@ import (
 // by (operation_key, seq).
 type Producer struct {
 	client   sarama.Client
+	conf     *sarama.Config
 	timeout  time.Duration
 	version  int16
 	maxBytes int // per partition and request
@@ -50,6 +51,7 @@ func NewProducer(c Config) (*Producer, error) {
 	}
 	return &Producer{
 		client:   client,
+		conf:     sc,
 		timeout:  sc.Producer.Timeout,
 		version:  produceRequestVersion(sc.Version),
 		maxBytes: sc.Producer.MaxMessageBytes,
@@ -221,6 +223,21 @@ func record(r Record, offset int64) *sarama.Record {
 // when a partition's leadership moved.
 func (p *Producer) produce(broker *sarama.Broker, br *brokerRequest) error {
 	resp, err := broker.Produce(br.req)
+	for try := 1; errors.Is(err, sarama.ErrNotConnected) && try <= connectTries; try++ {
+		// Nothing was sent. Either another Send closed the connection after
+		// its request failed, or it is opening it: sarama marks a broker
+		// open before it takes the lock its dial holds, and a request in
+		// that gap finds no connection. Open it (or find it opening), wait
+		// for the dial, and send again.
+		if oerr := broker.Open(p.conf); oerr != nil && !errors.Is(oerr, sarama.ErrAlreadyConnected) {
+			err = oerr
+			break
+		}
+		if ok, _ := broker.Connected(); !ok {
+			time.Sleep(time.Duration(try) * 10 * time.Millisecond)
+		}
+		resp, err = broker.Produce(br.req)
+	}
 	if err != nil {
 		_ = broker.Close()
 		p.refresh()
@@ -241,6 +258,10 @@ func (p *Producer) produce(broker *sarama.Broker, br *brokerRequest) error {
 	}
 	return failed
 }
+
+// connectTries bounds how often produce reopens a connection it found
+// closed or still opening before it gives the error to the relay.
+const connectTries = 3
 
 func (p *Producer) refresh(topics ...string) { _ = p.client.RefreshMetadata(topics...) }
 
