@@ -224,6 +224,11 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 			return fmt.Errorf("bench: warming up: %w", err)
 		}
 	}
+	if bc.Warmup > 0 && bc.History == 0 {
+		if err := analyzeWarmup(ctx, a.Pool); err != nil {
+			return err
+		}
+	}
 	if bc.History > 0 {
 		if err := seedHistory(ctx, a.Pool, warmupKeyPrefix(), bc.History, cmp.Or(bc.Rate, 500), stderr, stdout); err != nil {
 			return err
