@@ -346,9 +346,9 @@ func TestMigrationKeepsADownstreamIndexBuiltBeforehand(t *testing.T) {
 }
 
 // TestMigrationKeepsTheLeanIndexesBuiltBeforehand: on a large read model
-// an operator builds migration 0015's indexes concurrently before
-// upgrading (deploy/OPERATIONS.md); the migration then keeps them and
-// drops what they replace.
+// and journal an operator builds the indexes of migrations 0015 and 0016
+// concurrently before upgrading (deploy/OPERATIONS.md); the migrations
+// then keep them and drop what they replace.
 func TestMigrationKeepsTheLeanIndexesBuiltBeforehand(t *testing.T) {
 	t.Parallel()
 	pool := testenv.NewPool(t, testenv.NewDatabase(t))
@@ -362,6 +362,7 @@ func TestMigrationKeepsTheLeanIndexesBuiltBeforehand(t *testing.T) {
 	for _, sql := range []string{
 		`CREATE INDEX CONCURRENTLY operation_state_created_at ON operation_state (created_at)`,
 		`CREATE INDEX CONCURRENTLY operation_state_tool_created_at ON operation_state (tool, created_at)`,
+		`CREATE INDEX CONCURRENTLY events_operation_key ON events (operation_key)`,
 	} {
 		if _, err := pool.Exec(ctx, sql); err != nil {
 			t.Fatal(err)
@@ -371,21 +372,25 @@ func TestMigrationKeepsTheLeanIndexesBuiltBeforehand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(applied, 15) {
-		t.Fatalf("Migrate applied %v; want 15 among them", applied)
+	if !slices.Contains(applied, 15) || !slices.Contains(applied, 16) {
+		t.Fatalf("Migrate applied %v; want 15 and 16 among them", applied)
 	}
 	var indexes []string
 	if err := pool.QueryRow(ctx, `SELECT array_agg(indexname ORDER BY indexname) FROM pg_indexes
 	    WHERE tablename IN ('events', 'operation_state')`).Scan(&indexes); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"events_pkey", "operation_state_created_at", "operation_state_pkey",
+	want := []string{"events_operation_key", "operation_state_created_at", "operation_state_pkey",
 		"operation_state_tool_created_at", "operation_state_unsettled"}
 	if !slices.Equal(indexes, want) {
-		t.Errorf("indexes after 0015: %v, want %v", indexes, want)
+		t.Errorf("indexes after 0016: %v, want %v", indexes, want)
+	}
+	var identity string
+	if err := pool.QueryRow(ctx, `SELECT relreplident FROM pg_class WHERE relname = 'events'`).Scan(&identity); err != nil || identity != "f" {
+		t.Errorf("the journal's replica identity is %q (%v), want f (full): without a key, a publication of it could not carry the pruner's deletes", identity, err)
 	}
 	evs, err := s.Events(ctx, op.Key, 0)
 	if err != nil || len(evs) != 2 || evs[0].Type != events.IntentRecorded || evs[1].Type != events.AttemptStarted {
-		t.Fatalf("Events after 0015 = %+v, %v", evs, err)
+		t.Fatalf("Events after 0016 = %+v, %v", evs, err)
 	}
 }

@@ -1,0 +1,37 @@
+-- The journal's (operation_key, seq) primary key becomes a plain index on
+-- operation_key (issue #21). An entry of the key held the operation key
+-- and seq once per event, ~100 bytes per event in a B-tree filled at
+-- random; the plain index holds each key once with its events' row
+-- addresses beside it (deduplication, PostgreSQL 13 on): ~305 bytes per
+-- operation become ~95 when built, ~130 as the journal grows.
+--
+-- Nothing relied on the key for uniqueness: every append is conditional
+-- on the operation's head being at the seq before it (store/append.go),
+-- one statement that writes the head and the events, so two appends of
+-- the same seq cannot both write (store TestConcurrentCreatesOneWinner,
+-- TestRacingExecutors). Readers find an operation's events by key and
+-- sort the few by seq.
+--
+-- What the key also gave was a plan: a unique index tells PostgreSQL one
+-- row matches, whatever its statistics. A journal that was never analyzed
+-- has none, and an equality on operation_key is then guessed at 0.5 % of
+-- the table: the relay's and the executor's lookups of one event run as
+-- bitmap scans, flat out a fifth slower (docs/benchmarks.md, session 16).
+-- Autovacuum analyzes a new table within its first minute, and once it has
+-- the number of distinct keys is kept as a fraction of the rows, right as
+-- the journal grows; after a restore or pg_upgrade, ANALYZE as always
+-- (deploy/OPERATIONS.md).
+--
+-- A table without a primary key cannot publish deletes to logical
+-- replication (a publication of all tables would fail the pruner's
+-- deletes); REPLICA IDENTITY FULL names the whole row instead, and costs
+-- nothing unless wal_level is logical.
+--
+-- Building the index reads the whole journal under a lock that holds
+-- appends back; on a large journal build it first, concurrently, and this
+-- migration keeps it (deploy/OPERATIONS.md, "Upgrading across migration
+-- 0016"):
+--   CREATE INDEX CONCURRENTLY events_operation_key ON events (operation_key);
+CREATE INDEX IF NOT EXISTS events_operation_key ON events (operation_key);
+ALTER TABLE events REPLICA IDENTITY FULL;
+ALTER TABLE events DROP CONSTRAINT IF EXISTS events_pkey;
