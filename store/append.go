@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/effectline/effectline/events"
@@ -265,7 +266,7 @@ func (s *Store) appendBatchCommitted(ctx context.Context, as []Append) ([]Append
 	// One round trip: a pipelined batch ending in a single Sync runs as one
 	// implicit transaction, so the steps commit together or not at all,
 	// without the two extra round trips of BEGIN and COMMIT.
-	res, ps, err := appendBatch(ctx, s.pool, as)
+	res, ps, err := appendBatch(ctx, s.pool, as, true)
 	if err != nil {
 		for i := range res {
 			if res[i].Err == nil {
@@ -293,7 +294,7 @@ func (s *Store) appendBatchCommitted(ctx context.Context, as []Append) ([]Append
 // whole is returned as err; the transaction is then aborted and the caller
 // must roll back.
 func AppendBatchTx(ctx context.Context, tx pgx.Tx, as []Append) ([]AppendResult, error) {
-	res, _, err := appendBatch(ctx, tx, as)
+	res, _, err := appendBatch(ctx, tx, as, false)
 	return res, err
 }
 
@@ -301,10 +302,28 @@ type batchSender interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-func appendBatch(ctx context.Context, q batchSender, as []Append) ([]AppendResult, []prepared, error) {
+// intentProbePlanningSQL plans the rest of an append batch without bitmap
+// scans; it is queued first in a batch that is its own transaction (the
+// setting ends with it) and holds an append after an intent, whose EXISTS
+// reads the intent's event by key. The journal's index on operation_key is
+// not unique (migration 0016): the planner expects two or three events per
+// key (0.5 % of the journal before its first ANALYZE) and at the default
+// random_page_cost plans a bitmap scan of them, which costs more than
+// reading them from the index (docs/benchmarks.md, session 17). The
+// relay's claim does the same (relayPlanningSQL).
+const intentProbePlanningSQL = `SELECT set_config('enable_bitmapscan', 'off', true)`
+
+// appendBatch queues as in one pipelined batch on q; own says the batch is
+// its own transaction, not part of a caller's, so a setting it makes for
+// its plans ends with it.
+func appendBatch(ctx context.Context, q batchSender, as []Append, own bool) ([]AppendResult, []prepared, error) {
 	res := make([]AppendResult, len(as))
 	ps := make([]prepared, len(as))
 	var b pgx.Batch
+	planned := own && slices.ContainsFunc(as, func(a Append) bool { return a.IntentEventID != "" })
+	if planned {
+		b.Queue(intentProbePlanningSQL)
+	}
 	for i, a := range as {
 		p, err := prepare(a)
 		if err != nil {
@@ -314,10 +333,20 @@ func appendBatch(ctx context.Context, q batchSender, as []Append) ([]AppendResul
 		ps[i] = p
 		b.Queue(p.sql, p.args...)
 	}
-	if b.Len() == 0 {
+	steps := b.Len()
+	if planned {
+		steps--
+	}
+	if steps == 0 {
 		return res, ps, nil
 	}
 	br := q.SendBatch(ctx, &b)
+	if planned {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return clearDone(res, ps), ps, fmt.Errorf("appending %d steps: %w", steps, interpretError(err))
+		}
+	}
 	for i := range as {
 		if res[i].Err != nil {
 			continue
@@ -330,7 +359,7 @@ func appendBatch(ctx context.Context, q batchSender, as []Append) ([]AppendResul
 		res[i].Op, res[i].Err = ps[i].result(count)
 	}
 	if err := br.Close(); err != nil {
-		return clearDone(res, ps), ps, fmt.Errorf("appending %d steps: %w", b.Len(), interpretError(err))
+		return clearDone(res, ps), ps, fmt.Errorf("appending %d steps: %w", steps, interpretError(err))
 	}
 	return res, ps, nil
 }

@@ -73,18 +73,31 @@ SELECT c.id, c.operation_key, c.seq, c.topic, e.envelope, e.traceparent,
         WHERE e.operation_key = c.operation_key AND e.seq = c.seq
         LIMIT 1) e`
 
-// customPlansSQL makes the relay's transaction plan its claim and its
-// delete with their values and the partitions' sizes at that moment, never
-// with a generic plan a connection cached earlier. Statistics of the
-// outbox partitions say little: each is truncated every rotation and fills
-// again, and a VACUUM of an empty one (a database-wide VACUUM, the bench's
-// after seeding a history) records zero rows. A generic plan made then
-// scans the partition for every claimed row's order guard and every
-// delete, for as long as the connection keeps it, while the partition
-// fills with a rotation period's rows: flat out fell to under half on a
-// history database (docs/benchmarks.md, session 16). Planning the claim
-// costs a fraction of a millisecond a batch.
-const customPlansSQL = `SET LOCAL plan_cache_mode = force_custom_plan`
+// relayPlanningSQL sets how the relay's transaction plans its claim and
+// its delete.
+//
+// With their values and the partitions' sizes at that moment, never with a
+// generic plan a connection cached earlier (plan_cache_mode). Statistics
+// of the outbox partitions say little: each is truncated every rotation
+// and fills again, and a VACUUM of an empty one (a database-wide VACUUM,
+// the bench's after seeding a history) records zero rows. A generic plan
+// made then scans the partition for every claimed row's order guard and
+// every delete, for as long as the connection keeps it, while the
+// partition fills with a rotation period's rows: flat out fell to under
+// half on a history database (docs/benchmarks.md, session 16). Planning
+// the claim costs a fraction of a millisecond a batch.
+//
+// And without bitmap scans: every lookup of the claim and the delete
+// reads a few rows of one key (a claimed row's event, the order guard's
+// lower seqs, the rows to delete), which an index scan reads directly.
+// The journal's index on operation_key is not unique (migration 0016), so
+// the planner expects two or three events per key, or 0.5 % of the journal
+// before its first ANALYZE, and at the default random_page_cost it plans a
+// bitmap scan of them: building and reading a bitmap for three rows, four
+// times per operation, cost flat out more than the smaller index saved
+// (docs/benchmarks.md, session 17).
+const relayPlanningSQL = `SELECT set_config('plan_cache_mode', 'force_custom_plan', true),
+       set_config('enable_bitmapscan', 'off', true)`
 
 // deleteOutboxSQL names the rows' operation keys beside their ids, which
 // the ids alone would make redundant: on a distributed store the keys route
@@ -151,7 +164,7 @@ func (s *Store) RelayBatch(ctx context.Context, limit int, publish func([]Outbox
 
 	var b pgx.Batch
 	b.Queue("BEGIN")
-	b.Queue(customPlansSQL)
+	b.Queue(relayPlanningSQL)
 	b.Queue(claimOutboxSQL, limit)
 	br := conn.SendBatch(ctx, &b)
 	_, err = br.Exec()
