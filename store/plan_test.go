@@ -56,49 +56,18 @@ func TestTheRebuildPagesTheJournalByIndex(t *testing.T) {
 // claim reads the key index directly.
 func TestTheRelayReadsEventsByIndexWithoutStatistics(t *testing.T) {
 	t.Parallel()
-	_, pool := migrated(t)
-	ctx := t.Context()
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	for _, sql := range []string{
-		`INSERT INTO events (operation_key, seq, event_id, type, envelope, occurred_at)
-		 SELECT 'op-' || (i / 3), i % 3 + 1, '', '', '\x00', now() FROM generate_series(0, 29999) i`,
-		`INSERT INTO outbox (operation_key, seq, topic) SELECT 'op-' || i, 1, 'effectline.intents' FROM generate_series(1, 100) i`,
-		`PREPARE claim(int) AS ` + claimOutboxSQL,
-	} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
-	}
-	plan := func(settings string) string {
-		t.Helper()
-		tx, err := conn.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = tx.Rollback(ctx) }()
-		if settings != "" {
-			if _, err := tx.Exec(ctx, settings); err != nil {
-				t.Fatal(err)
-			}
-		}
-		rows, err := tx.Query(ctx, `EXPLAIN (COSTS OFF) EXECUTE claim(500)`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.Join(lines, "\n")
-	}
-	if p := plan(""); !strings.Contains(p, "Bitmap Heap Scan on events") {
+	db := newSession(t)
+	db.exec(journalOf10000Operations)
+	db.exec(`INSERT INTO outbox (operation_key, seq, topic) SELECT 'op-' || i, 1, 'effectline.intents' FROM generate_series(1, 100) i`)
+	db.exec(`PREPARE claim(int) AS ` + claimOutboxSQL)
+	if p := db.explain(`EXECUTE claim(500)`); !strings.Contains(p, "Bitmap Heap Scan on events") {
 		t.Fatalf("without statistics and the relay's settings the claim does not bitmap-scan the journal, so this test shows nothing:\n%s", p)
 	}
-	if p := plan(relayPlanningSQL); !strings.Contains(p, "Index Scan using events_operation_key on events") || strings.Contains(p, "Bitmap Heap Scan") {
+	db.exec(`BEGIN`)
+	db.exec(relayPlanningSQL)
+	p := db.explain(`EXECUTE claim(500)`)
+	db.exec(`ROLLBACK`)
+	if !strings.Contains(p, "Index Scan using events_operation_key on events") || strings.Contains(p, "Bitmap Heap Scan") {
 		t.Errorf("under relayPlanningSQL the claim does not read its events through events_operation_key:\n%s", p)
 	}
 }
@@ -113,8 +82,7 @@ func TestTheIntentProbeReadsTheIndexWithoutStatistics(t *testing.T) {
 	t.Parallel()
 	_, pool := migrated(t)
 	ctx := t.Context()
-	if _, err := pool.Exec(ctx, `INSERT INTO events (operation_key, seq, event_id, type, envelope, occurred_at)
-	SELECT 'op-' || (i / 3), i % 3 + 1, '', '', '\x00', now() FROM generate_series(0, 29999) i`); err != nil {
+	if _, err := pool.Exec(ctx, journalOf10000Operations); err != nil {
 		t.Fatal(err)
 	}
 	conn, err := pool.Acquire(ctx)
@@ -164,8 +132,7 @@ func analyzedJournal(t *testing.T) string {
 	t.Helper()
 	url, pool := migrated(t)
 	ctx := t.Context()
-	if _, err := pool.Exec(ctx, `INSERT INTO events (operation_key, seq, event_id, type, envelope, occurred_at)
-	SELECT 'op-' || (i / 3), i % 3 + 1, '', '', '\x00', now() FROM generate_series(0, 29999) i`); err != nil {
+	if _, err := pool.Exec(ctx, journalOf10000Operations); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `ANALYZE events`); err != nil {
@@ -183,53 +150,73 @@ func analyzedJournal(t *testing.T) string {
 // one that filled by index.
 func TestTheRelayPlansWithThePartitionsItFinds(t *testing.T) {
 	t.Parallel()
-	_, pool := migrated(t)
-	ctx := t.Context()
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	exec := func(sql string) {
-		t.Helper()
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
-	}
-	exec(`VACUUM outbox_0, outbox_1, outbox_2`)
-	exec(`SET plan_cache_mode = force_generic_plan`)
-	exec(`PREPARE claim(int) AS ` + claimOutboxSQL)
-	exec(`EXPLAIN EXECUTE claim(500)`) // the generic plan, made while the partitions are empty
-	exec(`INSERT INTO outbox (operation_key, seq, topic) SELECT 'op-' || i, 1, 'effectline.intents' FROM generate_series(1, 20000) i`)
-	plan := func() string {
-		t.Helper()
-		rows, err := conn.Query(ctx, `EXPLAIN (COSTS OFF) EXECUTE claim(500)`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.Join(lines, "\n")
-	}
+	db := newSession(t)
+	db.exec(`VACUUM outbox_0, outbox_1, outbox_2`)
+	db.exec(`SET plan_cache_mode = force_generic_plan`)
+	db.exec(`PREPARE claim(int) AS ` + claimOutboxSQL)
+	db.exec(`EXPLAIN EXECUTE claim(500)`) // the generic plan, made while the partitions are empty
+	db.exec(`INSERT INTO outbox (operation_key, seq, topic) SELECT 'op-' || i, 1, 'effectline.intents' FROM generate_series(1, 20000) i`)
 	var slot int
-	if err := conn.QueryRow(ctx, `SELECT outbox_current_slot()`).Scan(&slot); err != nil {
+	if err := db.conn.QueryRow(db.t.Context(), `SELECT outbox_current_slot()`).Scan(&slot); err != nil {
 		t.Fatal(err)
 	}
 	full := "Seq Scan on " + outboxPartition(slot) + " "
-	if p := plan(); !strings.Contains(p, full) {
+	if p := db.explain(`EXECUTE claim(500)`); !strings.Contains(p, full) {
 		t.Fatalf("the cached generic plan does not scan the partition that filled, so this test shows nothing:\n%s", p)
 	}
-	exec(`BEGIN`)
-	exec(relayPlanningSQL)
-	p := plan()
-	exec(`ROLLBACK`)
+	db.exec(`BEGIN`)
+	db.exec(relayPlanningSQL)
+	p := db.explain(`EXECUTE claim(500)`)
+	db.exec(`ROLLBACK`)
 	// The empty partitions may be scanned: they have no page to read.
 	if strings.Contains(p, full) {
 		t.Errorf("under %q the claim still scans the partition that filled:\n%s", relayPlanningSQL, p)
 	}
 }
+
+// session is one connection to a migrated database, for a test whose
+// settings and prepared statements must stay in one session.
+type session struct {
+	t    *testing.T
+	conn *pgxpool.Conn
+}
+
+func newSession(t *testing.T) *session {
+	t.Helper()
+	_, pool := migrated(t)
+	conn, err := pool.Acquire(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Release)
+	return &session{t: t, conn: conn}
+}
+
+func (s *session) exec(sql string) {
+	s.t.Helper()
+	if _, err := s.conn.Exec(s.t.Context(), sql); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// explain returns the plan of sql, EXPLAIN (COSTS OFF), one node a line.
+func (s *session) explain(sql string) string {
+	s.t.Helper()
+	rows, err := s.conn.Query(s.t.Context(), `EXPLAIN (COSTS OFF) `+sql)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// journalOf10000Operations journals three events for each of 10,000
+// operations, op-0 to op-9999.
+const journalOf10000Operations = `INSERT INTO events (operation_key, seq, event_id, type, envelope, occurred_at)
+	SELECT 'op-' || (i / 3), i % 3 + 1, '', '', '\x00', now() FROM generate_series(0, 29999) i`
 
 // migrated returns a new database with every migration applied, and a
 // pool on it.
