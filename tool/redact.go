@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"unicode/utf8"
 )
 
 // Redacted replaces the value of a sensitive field.
@@ -16,7 +17,10 @@ const Redacted = "[redacted]"
 // schema says. It matches anywhere in the name (client_secret,
 // access_token), because over-redacting evidence costs a human a glance and
 // under-redacting leaks a credential into the approval UI and the logs.
-var sensitiveName = regexp.MustCompile(`(?i)password|secret|token|card_number|cvc|cvv|api_key`)
+var sensitiveName = regexp.MustCompile(`(?i)` + strings.Join(sensitiveWords, "|"))
+
+// sensitiveWords are what sensitiveName matches, lower case.
+var sensitiveWords = []string{"password", "secret", "token", "card_number", "cvc", "cvv", "api_key"}
 
 // Redact returns args with the values of sensitive fields replaced by
 // "[redacted]", for the approval gate's evidence and for anything else a
@@ -26,9 +30,14 @@ var sensitiveName = regexp.MustCompile(`(?i)password|secret|token|card_number|cv
 // Args that are not JSON are replaced whole: what cannot be parsed cannot be
 // checked.
 func (s *Spec) Redact(args json.RawMessage) json.RawMessage {
-	if len(bytes.TrimSpace(args)) == 0 {
+	if len(bytes.TrimSpace(args)) == 0 || s.nothingToRedact(args) {
 		return args
 	}
+	return s.redactDecoded(args)
+}
+
+// redactDecoded is Redact on the decoded document.
+func (s *Spec) redactDecoded(args json.RawMessage) json.RawMessage {
 	v, err := decodeJSON(args)
 	if err != nil {
 		return json.RawMessage(`"` + Redacted + `"`)
@@ -36,6 +45,60 @@ func (s *Spec) Redact(args json.RawMessage) json.RawMessage {
 	changed := false
 	red := redactValue(v, s.argsDoc(), &changed)
 	return unlessUnchanged(args, red, changed)
+}
+
+// nothingToRedact reports, without decoding doc, that Redact would return
+// it unchanged: it is valid JSON, the args schema marks no field (no
+// writeOnly, no x-sensitive anywhere in it), and no secret-looking name
+// appears anywhere in its text, so none of its members can have one. Most
+// args and results have nothing to hide, and decoding each into a tree
+// to find that out was most of what redaction cost (the executor scrubs
+// every result, the API every answer). A \u escape could spell a name the
+// text does not show, so a document or schema with one is decoded.
+// FuzzNothingToRedact checks it against decoding.
+func (s *Spec) nothingToRedact(doc []byte) bool {
+	return !bytes.Contains(s.ArgsSchema, []byte("writeOnly")) &&
+		!bytes.Contains(s.ArgsSchema, []byte("x-sensitive")) &&
+		!bytes.Contains(s.ArgsSchema, []byte(`\u`)) &&
+		!bytes.Contains(doc, []byte(`\u`)) &&
+		!mentionsSensitiveWord(doc) &&
+		json.Valid(doc)
+}
+
+// mentionsSensitiveWord reports whether doc may hold a name sensitiveName
+// matches: one of sensitiveWords in any ASCII case, or any byte outside
+// ASCII (sensitiveName folds case the Unicode way, so "ſecret" matches;
+// those documents are decoded). It is sensitiveName.Match at a tenth of
+// the cost.
+func mentionsSensitiveWord(doc []byte) bool {
+	for i, c := range doc {
+		if c >= utf8.RuneSelf {
+			return true
+		}
+		for _, w := range sensitiveWords {
+			if len(doc)-i >= len(w) && lower(c) == w[0] && asciiEqualFold(doc[i:i+len(w)], w) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func lower(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
+}
+
+// asciiEqualFold reports whether b, ASCII, is w (lower case) in any case.
+func asciiEqualFold(b []byte, w string) bool {
+	for i := range len(w) {
+		if lower(b[i]) != w[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // decodeJSON decodes one JSON value, numbers kept as written.
@@ -183,9 +246,14 @@ func (s *Spec) RedactEcho(args, body json.RawMessage) json.RawMessage {
 // the sensitive fields of args, longest first, so a value that contains
 // another is replaced whole.
 func (s *Spec) sensitiveValues(args json.RawMessage) []string {
-	if len(bytes.TrimSpace(args)) == 0 {
+	if len(bytes.TrimSpace(args)) == 0 || s.nothingToRedact(args) {
 		return nil
 	}
+	return s.sensitiveValuesDecoded(args)
+}
+
+// sensitiveValuesDecoded is sensitiveValues on the decoded document.
+func (s *Spec) sensitiveValuesDecoded(args json.RawMessage) []string {
 	v, err := decodeJSON(args)
 	if err != nil {
 		return nil

@@ -182,3 +182,42 @@ func leaked(out json.RawMessage, s string) bool {
 	walk(doc)
 	return found
 }
+
+// FuzzNothingToRedact: whatever nothingToRedact lets Redact return without
+// decoding is what decoding would have returned (unchanged), and has no
+// sensitive value an echo could repeat, for a spec that marks nothing and
+// for one whose schema spells no mark.
+func FuzzNothingToRedact(f *testing.F) {
+	for _, doc := range []string{
+		`{"amount":1,"currency":"EUR"}`, `{"Password":"x"}`, `{"pass\u0077ord":"hunter22"}`,
+		`[{"api_key":"k"}]`, `{"a":{"b":[1,"CVV"]}}`, `{not json`, `"tok"`, `{"id":"ch_1","status":"ok"}`,
+	} {
+		f.Add(doc, `{"type":"object"}`)
+		f.Add(doc, `{"properties":{"pin":{"x-sensitive":true}}}`)
+	}
+	f.Fuzz(func(t *testing.T, doc, schema string) {
+		s := &Spec{Name: "x", ArgsSchema: json.RawMessage(schema)}
+		if !s.nothingToRedact([]byte(doc)) {
+			return
+		}
+		if got := s.redactDecoded(json.RawMessage(doc)); string(got) != doc {
+			t.Fatalf("nothingToRedact(%q) under %q, but decoding redacts it to %s", doc, schema, got)
+		}
+		if vals := s.sensitiveValuesDecoded(json.RawMessage(doc)); len(vals) != 0 {
+			t.Fatalf("nothingToRedact(%q) under %q, but decoding finds sensitive values %q", doc, schema, vals)
+		}
+	})
+}
+
+// FuzzMentionsSensitiveWord: wherever sensitiveName matches, so does
+// mentionsSensitiveWord (it may say yes more often, never less).
+func FuzzMentionsSensitiveWord(f *testing.F) {
+	for _, s := range []string{`{"Password":1}`, `{"ſecret":1}`, `{"amount":1}`, `TOKEN`, `api-key`, `cv`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, doc string) {
+		if sensitiveName.MatchString(doc) && !mentionsSensitiveWord([]byte(doc)) {
+			t.Fatalf("sensitiveName matches %q, mentionsSensitiveWord does not", doc)
+		}
+	})
+}

@@ -71,3 +71,18 @@ func TestScrubKeepsTheBytesOfWhatHasNothingToHide(t *testing.T) {
 		t.Errorf("Scrub(%s) = %s, want the echoed card number redacted", echo, got)
 	}
 }
+
+// BenchmarkScrubNothingToHide: a result and args with no secret in them,
+// as most are; the executor scrubs every result and the API every answer.
+// Decoding both to find nothing was 21–25 µs and 107 allocations; the
+// check of nothingToRedact is ~2 µs and none (session 17).
+func BenchmarkScrubNothingToHide(b *testing.B) {
+	s := &Spec{Name: "payments.charge", ArgsSchema: json.RawMessage(`{"type":"object","properties":{"amount":{"type":"integer"},"currency":{"type":"string"}}}`)}
+	args := json.RawMessage(`{"amount":1250,"currency":"EUR","customer":"cus_123","description":"order 42"}`)
+	res := json.RawMessage(`{"id":"ch_3","status":"succeeded","amount":1250,"currency":"EUR","created":1733443200}`)
+	for b.Loop() {
+		if got := Scrub(s, args, res); len(got) != len(res) {
+			b.Fatalf("Scrub changed %s to %s", res, got)
+		}
+	}
+}
