@@ -50,9 +50,10 @@ const lockToolKeySQL = `SELECT operation_key FROM operations
 
 // LockByDownstreamIDTx locks the head rows of the operations of tool the
 // downstream knows by id and returns their keys, in key order. The id is in
-// the downstream_id column of compact rows (index operations_downstream)
-// and in the record of plain rows and rows written before the column
-// (index operations_downstream_id): migration 0013.
+// the downstream_id column of compact rows (index
+// operations_by_downstream_id, migration 0017) and in the record of plain
+// rows and rows written before the column (index operations_downstream_id):
+// migration 0013.
 //
 // The keys are found first without a lock and then locked one by one, the
 // condition checked again under each lock, for the same reason as in
@@ -60,8 +61,7 @@ const lockToolKeySQL = `SELECT operation_key FROM operations
 // row that comes to match between the two is missed, as the single
 // statement missed a row that came to match after its snapshot.
 func LockByDownstreamIDTx(ctx context.Context, tx pgx.Tx, tool, id string) ([]string, error) {
-	rows, err := tx.Query(ctx, `SELECT operation_key FROM operations
-	WHERE tool = $1 AND (downstream_id = $2 OR record->>'downstream_id' = $2)`, tool, id)
+	rows, err := tx.Query(ctx, byDownstreamIDSQL, tool, id)
 	if err != nil {
 		return nil, fmt.Errorf("locking operations: %w", interpretError(err))
 	}
@@ -71,6 +71,9 @@ func LockByDownstreamIDTx(ctx context.Context, tx pgx.Tx, tool, id string) ([]st
 	}
 	return lockEach(ctx, tx, keys, lockDownstreamIDSQL, tool, id)
 }
+
+const byDownstreamIDSQL = `SELECT operation_key FROM operations
+	WHERE tool = $1 AND (downstream_id = $2 OR record->>'downstream_id' = $2)`
 
 const lockDownstreamIDSQL = `SELECT operation_key FROM operations
 	WHERE operation_key = $1 AND tool = $2 AND (downstream_id = $3 OR record->>'downstream_id' = $3)

@@ -141,6 +141,30 @@ func analyzedJournal(t *testing.T) string {
 	return url
 }
 
+// TestTheCallbackLookupReadsTheDownstreamIndex: a callback that names only
+// the downstream's id finds its operations through the index of ids
+// (migration 0017; the tool is checked on the rows found) and the old
+// expression index, never by reading the head table.
+func TestTheCallbackLookupReadsTheDownstreamIndex(t *testing.T) {
+	t.Parallel()
+	url, pool := migrated(t)
+	ctx := t.Context()
+	for _, sql := range []string{
+		`INSERT INTO operations (operation_key, tool, effect_class, payload_hash, status, seq, body, downstream_id, created_at, updated_at)
+		 SELECT 'op-' || i, 'tool-' || (i % 20), 'irreversible', '', 'completed', 3, '\x00', 'ch_' || i, now(), now()
+		   FROM generate_series(1, 20000) i`,
+		`ANALYZE operations`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plan := testenv.GenericPlan(t, url, byDownstreamIDSQL)
+	if !strings.Contains(plan, "operations_by_downstream_id") || strings.Contains(plan, "Seq Scan") {
+		t.Errorf("the callback lookup does not read operations_by_downstream_id:\n%s", plan)
+	}
+}
+
 // TestTheRelayPlansWithThePartitionsItFinds: a VACUUM of the empty outbox
 // partitions records zero rows, and a generic plan of the claim made then
 // scans a partition for every claimed row's order guard; it still does
