@@ -10,7 +10,8 @@
 # On this project's 2-core machines the same binary's throughput swings by a
 # third from one minute to the next, so only interleaved runs of both, with
 # medians, tell a change from the weather (docs/benchmarks.md). The CPU time
-# per operation is the steadiest of the figures.
+# per operation is the steadiest of the figures. With -history the disk a
+# retained operation takes is compared too.
 set -euo pipefail
 
 runs=4
@@ -49,7 +50,7 @@ build b "$rev_b"
 
 for i in $(seq 1 "$runs"); do
   for side in a b; do
-    line=$("$work/$side" bench "$@" 2>/dev/null | grep -E '^(cpu|bench|wait):' | grep -v 'queries' | tr '\n' ' ')
+    line=$("$work/$side" bench "$@" 2>/dev/null | grep -E '^(cpu|bench|wait):|bytes per retained operation$' | grep -v 'queries' | tr '\n' ' ')
     echo "$side $line" | tee -a "$work/results"
   done
 done
@@ -73,6 +74,8 @@ awk '
       if ($f ~ /^p50=/) { v = $f; sub(/p50=/, "", v); sub(/ms/, "", v); if (mode == "wait:") w50[side] = w50[side] " " v; else p50[side] = p50[side] " " v }
       if ($f ~ /^p99=/) { v = $f; sub(/p99=/, "", v); sub(/ms/, "", v); if (mode == "wait:") w99[side] = w99[side] " " v; else p99[side] = p99[side] " " v }
       if ($f ~ /^tx_per_op=/) { v = $f; sub(/tx_per_op=/, "", v); tx[side] = tx[side] " " v }
+      # -history prints the disk a retained operation takes.
+      if ($f == "bytes" && $(f + 1) == "per" && $(f + 2) == "retained") { v = $(f - 1); sub(/;/, "", v); disk[side] = disk[side] " " v }
     }
   }
   END {
@@ -81,6 +84,7 @@ awk '
       printf "%s: throughput=%.0f/s p50=%.1fms p99=%.1fms tx_per_op=%.2f cpu=%.2f ms/op",
         side, median(tp[side]), median(p50[side]), median(p99[side]), median(tx[side]), median(cpu[side])
       if (w50[side] != "") printf " post_to_200_p50=%.1fms post_to_200_p99=%.1fms", median(w50[side]), median(w99[side])
+      if (disk[side] != "") printf " disk=%.0f bytes/op", median(disk[side])
       printf "\n"
     }
     print "(p50 and p99: intent committed -> settled row projected; post_to_200: the POST with Prefer: wait to its 200, with -wait)"
