@@ -429,3 +429,39 @@ func relayTwoWhileAppending(t *testing.T, h *harness, name string, keys []string
 	checkStreams(t, intents, wantAll(keys, 1))
 	return relays, recs, dups
 }
+
+// TestRelayPacesItsCyclesWhileEventsArriveSteadily: with a Window, a relay
+// woken by every one of 40 appends 5 ms apart runs a cycle per window, not
+// one per wake-up, and every event still goes out. The bound only counts
+// cycles, so a slow machine (which runs fewer) cannot fail it; without
+// the window the relay runs a cycle for nearly every append.
+func TestRelayPacesItsCyclesWhileEventsArriveSteadily(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	const window = 100 * time.Millisecond
+	relay := outbox.NewRelay(h.store, h.producer(t), outbox.RelayConfig{PollInterval: time.Hour, Window: window,
+		Base: service.Base{Logger: newTestLogger(t).logs}})
+	runRelay(t, relay)
+	eventual(t, 10*time.Second, "the relay's first cycle", func() bool { return relay.Stats().Cycles >= 1 })
+
+	ctx := t.Context()
+	keys := opKeys("paced", 40)
+	start := time.Now()
+	for _, k := range keys {
+		if _, err := h.store.Append(ctx, store.Append{Events: appendIntentEvents(t, k), TopicPrefix: "effectline."}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	steady := time.Since(start)
+	recs := consume(t, h.broker.Addrs, "effectline.intents", 10*time.Second, func(rs []*kgo.Record) bool { return distinct(t, rs) == len(keys) })
+	checkStreams(t, recs, wantAll(keys, 1))
+	// The start-up cycle, the first append's (nothing was arriving before
+	// it), one per window while the appends went on, a last one for what
+	// committed in the final window, and one to spare.
+	cycles := relay.Stats().Cycles
+	if most := 4 + int64(steady/window); cycles > most {
+		t.Errorf("%d cycles for 40 appends over %v with a %v window; want at most %d", cycles, steady.Round(time.Millisecond), window, most)
+	}
+	t.Logf("%d cycles for 40 appends over %v", cycles, steady.Round(time.Millisecond))
+}

@@ -327,7 +327,7 @@ func (a *App) build(names []string) ([]Component, error) {
 			}
 			// Listen: writers in other processes wake it with a NOTIFY
 			// (their outbox.Notifier, below), not only its poll.
-			relay := outbox.NewRelay(a.Store, producer, outbox.RelayConfig{Base: base, Listen: true,
+			relay := outbox.NewRelay(a.Store, producer, outbox.RelayConfig{Base: base, Listen: true, Window: a.Config.RelayWindow,
 				IntentsTopic: a.Kafka.Topic(events.TopicIntents), RedactArgs: a.redactArgs})
 			a.relays = append(a.relays, relay)
 			out = append(out, Component{name, func(ctx context.Context) error {

@@ -30,6 +30,7 @@ const (
 	EnvExecutorLease    = "EFFECTLINE_EXECUTOR_LEASE"
 	EnvSweepInterval    = "EFFECTLINE_RECONCILER_SWEEP_INTERVAL"
 	EnvCommitWindow     = "EFFECTLINE_COMMIT_WINDOW"
+	EnvRelayWindow      = "EFFECTLINE_RELAY_WINDOW"
 	// EnvRowFormat is how the process writes journal and head rows
 	// (store.RowFormat): compact, the default, or plain for a rolling
 	// upgrade from a binary older than compact rows.
@@ -61,7 +62,7 @@ const (
 var EnvVars = []string{
 	EnvDatabaseURL, EnvKafkaBrokers, EnvTools, EnvHTTPAddr, EnvAPITokens, EnvApprovers,
 	EnvTopicPrefix, EnvKafkaPartitions, EnvKafkaReplication, EnvLogLevel, EnvShutdownGrace,
-	EnvInsecureOpenAPI, EnvExecutorLease, EnvSweepInterval, EnvCommitWindow,
+	EnvInsecureOpenAPI, EnvExecutorLease, EnvSweepInterval, EnvCommitWindow, EnvRelayWindow,
 	EnvReaders, EnvKafkaPrincipals, EnvKafkaInstanceID, EnvRetention, EnvTombstoneRetention,
 	EnvEmbeddedRetention, EnvRowFormat, ops.EnvAPIURL, ops.EnvAPIToken, // read by `effectline ops`, the API's client
 }
@@ -108,6 +109,9 @@ type Config struct {
 	// (store.CommitterConfig.Window): zero for the default, negative for
 	// none (EFFECTLINE_COMMIT_WINDOW=0).
 	CommitWindow time.Duration
+	// RelayWindow is the relay's pacing window (outbox.RelayConfig.Window,
+	// EFFECTLINE_RELAY_WINDOW): zero, the default, for none.
+	RelayWindow time.Duration
 	// RowFormat is how rows are written (EFFECTLINE_ROW_FORMAT).
 	RowFormat store.RowFormat
 	// KafkaPrincipals are the principals a direct intent may name; empty
@@ -198,6 +202,13 @@ func FromEnv(getenv func(string) string) (Config, error) {
 		if d == 0 {
 			c.CommitWindow = -1
 		}
+	}
+	if v := getenv(EnvRelayWindow); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 || d > time.Second {
+			errs = append(errs, fmt.Errorf("%s=%q: want a duration from 0 (no pacing) to 1s, like 8ms", EnvRelayWindow, v))
+		}
+		c.RelayWindow = d
 	}
 	switch v := getenv(EnvRowFormat); v {
 	case "", "compact":

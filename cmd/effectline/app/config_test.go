@@ -19,7 +19,7 @@ func TestConfigFromEnv(t *testing.T) {
 			t.Fatal(err)
 		}
 		if c.DatabaseURL != DefaultDatabaseURL || c.HTTPAddr != DefaultHTTPAddr || c.HTTPAddrSet ||
-			c.ShutdownGrace != DefaultShutdownGrace || c.CommitWindow != 0 ||
+			c.ShutdownGrace != DefaultShutdownGrace || c.CommitWindow != 0 || c.RelayWindow != 0 ||
 			c.Retention != 720*time.Hour || c.TombstoneRetention != 0 {
 			t.Fatalf("defaults: %+v", c)
 		}
@@ -44,6 +44,15 @@ func TestConfigFromEnv(t *testing.T) {
 		}
 	})
 
+	t.Run("relay window", func(t *testing.T) {
+		for v, want := range map[string]time.Duration{"8ms": 8 * time.Millisecond, "0": 0} {
+			c, err := FromEnv(env(map[string]string{EnvRelayWindow: v}))
+			if err != nil || c.RelayWindow != want {
+				t.Errorf("%s=%s: window %v, %v; want %v", EnvRelayWindow, v, c.RelayWindow, err, want)
+			}
+		}
+	})
+
 	t.Run("row format", func(t *testing.T) {
 		for v, want := range map[string]store.RowFormat{"": store.Compact, "compact": store.Compact, "plain": store.Plain} {
 			c, err := FromEnv(env(map[string]string{EnvRowFormat: v}))
@@ -61,6 +70,7 @@ func TestConfigFromEnv(t *testing.T) {
 			EnvExecutorLease:      "soon",
 			EnvSweepInterval:      "0",
 			EnvCommitWindow:       "2s",
+			EnvRelayWindow:        "-4ms",
 			EnvInsecureOpenAPI:    "maybe",
 			EnvRetention:          "a month",
 			EnvTombstoneRetention: "0",
