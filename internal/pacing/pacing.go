@@ -1,7 +1,8 @@
 // Package pacing is how a group commit's flushers take their batches
 // (Queue) and how long the first of them holds a batch open (Pace): the
 // journal's committer (store.Committer) and the read model's batcher
-// (projector) both flush from it.
+// (projector) both flush from it, and the outbox relay spaces its cycles
+// with a Pace when given a window (outbox.RelayConfig.Window).
 package pacing
 
 import (
