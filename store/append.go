@@ -302,16 +302,10 @@ type batchSender interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// intentProbePlanningSQL plans the rest of an append batch without bitmap
-// scans; it is queued first in a batch that is its own transaction (the
-// setting ends with it) and holds an append after an intent, whose EXISTS
-// reads the intent's event by key. The journal's index on operation_key is
-// not unique (migration 0016): the planner expects two or three events per
-// key (0.5 % of the journal before its first ANALYZE) and at the default
-// random_page_cost plans a bitmap scan of them, which costs more than
-// reading them from the index (docs/benchmarks.md, session 17). The
-// relay's claim does the same (relayPlanningSQL).
-const intentProbePlanningSQL = `SELECT set_config('enable_bitmapscan', 'off', true)`
+// intentProbePlanningSQL starts an append batch that is its own
+// transaction and holds an append after an intent, whose EXISTS reads the
+// intent's event by key (noBitmapScans).
+const intentProbePlanningSQL = `SELECT ` + noBitmapScans
 
 // appendBatch queues as in one pipelined batch on q; own says the batch is
 // its own transaction, not part of a caller's, so a setting it makes for
@@ -320,10 +314,10 @@ func appendBatch(ctx context.Context, q batchSender, as []Append, own bool) ([]A
 	res := make([]AppendResult, len(as))
 	ps := make([]prepared, len(as))
 	var b pgx.Batch
-	planned := own && slices.ContainsFunc(as, func(a Append) bool { return a.IntentEventID != "" })
-	if planned {
+	if own && slices.ContainsFunc(as, func(a Append) bool { return a.IntentEventID != "" }) {
 		b.Queue(intentProbePlanningSQL)
 	}
+	settings := b.Len()
 	for i, a := range as {
 		p, err := prepare(a)
 		if err != nil {
@@ -333,15 +327,12 @@ func appendBatch(ctx context.Context, q batchSender, as []Append, own bool) ([]A
 		ps[i] = p
 		b.Queue(p.sql, p.args...)
 	}
-	steps := b.Len()
-	if planned {
-		steps--
-	}
+	steps := b.Len() - settings
 	if steps == 0 {
 		return res, ps, nil
 	}
 	br := q.SendBatch(ctx, &b)
-	if planned {
+	for range settings {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
 			return clearDone(res, ps), ps, fmt.Errorf("appending %d steps: %w", steps, interpretError(err))

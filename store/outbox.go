@@ -87,17 +87,22 @@ SELECT c.id, c.operation_key, c.seq, c.topic, e.envelope, e.traceparent,
 // half on a history database (docs/benchmarks.md, session 16). Planning
 // the claim costs a fraction of a millisecond a batch.
 //
-// And without bitmap scans: every lookup of the claim and the delete
-// reads a few rows of one key (a claimed row's event, the order guard's
-// lower seqs, the rows to delete), which an index scan reads directly.
-// The journal's index on operation_key is not unique (migration 0016), so
-// the planner expects two or three events per key, or 0.5 % of the journal
-// before its first ANALYZE, and at the default random_page_cost it plans a
-// bitmap scan of them: building and reading a bitmap for three rows, four
-// times per operation, cost flat out more than the smaller index saved
-// (docs/benchmarks.md, session 17).
-const relayPlanningSQL = `SELECT set_config('plan_cache_mode', 'force_custom_plan', true),
-       set_config('enable_bitmapscan', 'off', true)`
+// And without bitmap scans (noBitmapScans): every lookup of the claim and
+// the delete reads a few rows of one key (a claimed row's event, the order
+// guard's lower seqs, the rows to delete), four claimed rows per operation.
+const relayPlanningSQL = `SELECT set_config('plan_cache_mode', 'force_custom_plan', true), ` + noBitmapScans
+
+// noBitmapScans, in a SELECT, plans the rest of its transaction without
+// bitmap scans (is_local: the setting ends with the transaction). The
+// journal's index on operation_key is not unique (migration 0016), so the
+// planner expects two or three events per key, or 0.5 % of the journal
+// before its first ANALYZE, and at the default random_page_cost plans a
+// bitmap scan of them; building and reading a bitmap for three rows cost
+// flat out more than the smaller index saved (docs/benchmarks.md, session
+// 17). The two transactions that look up single events on the hot path
+// set it: the relay's (relayPlanningSQL) and an append batch holding an
+// append after an intent (intentProbePlanningSQL).
+const noBitmapScans = `set_config('enable_bitmapscan', 'off', true)`
 
 // deleteOutboxSQL names the rows' operation keys beside their ids, which
 // the ids alone would make redundant: on a distributed store the keys route
