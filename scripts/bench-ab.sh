@@ -70,6 +70,8 @@ awk '
       # The wait: line (bench -wait) has p50/p99 of its own: POST to its 200.
       if ($f == "wait:" || $f == "bench:") mode = $f
       if ($f == "cpu:") cpu[side] = cpu[side] " " $(f + 1)
+      # "0.91 ms in PostgreSQL[s] processes" where the database is on this machine.
+      if ($f ~ /^PostgreSQL/ && $(f + 1) ~ /^processes/) pg[side] = pg[side] " " $(f - 3)
       if ($f ~ /^throughput=/) { v = $f; sub(/throughput=/, "", v); sub(/\/s/, "", v); tp[side] = tp[side] " " v }
       if ($f ~ /^p50=/) { v = $f; sub(/p50=/, "", v); sub(/ms/, "", v); if (mode == "wait:") w50[side] = w50[side] " " v; else p50[side] = p50[side] " " v }
       if ($f ~ /^p99=/) { v = $f; sub(/p99=/, "", v); sub(/ms/, "", v); if (mode == "wait:") w99[side] = w99[side] " " v; else p99[side] = p99[side] " " v }
@@ -84,6 +86,7 @@ awk '
       printf "%s: throughput=%.0f/s p50=%.1fms p99=%.1fms tx_per_op=%.2f cpu=%.2f ms/op",
         side, median(tp[side]), median(p50[side]), median(p99[side]), median(tx[side]), median(cpu[side])
       if (w50[side] != "") printf " post_to_200_p50=%.1fms post_to_200_p99=%.1fms", median(w50[side]), median(w99[side])
+      if (pg[side] != "") printf " cpu_postgres=%.2f ms/op", median(pg[side])
       if (disk[side] != "") printf " disk=%.0f bytes/op", median(disk[side])
       printf "\n"
     }

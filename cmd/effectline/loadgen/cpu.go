@@ -1,6 +1,8 @@
 package loadgen
 
 import (
+	"bytes"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -15,6 +17,11 @@ import (
 type cpuSample struct {
 	process time.Duration
 	machine time.Duration // every CPU's non-idle time; zero where /proc/stat is missing
+	// postgres is the CPU time of the PostgreSQL processes on this machine
+	// (see postgresBusy); postgresSeen is false where there are none, as
+	// with a database on another host.
+	postgres     time.Duration
+	postgresSeen bool
 }
 
 func sampleCPU() cpuSample {
@@ -24,6 +31,7 @@ func sampleCPU() cpuSample {
 		s.process = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
 	s.machine = machineBusy()
+	s.postgres, s.postgresSeen = postgresBusy()
 	return s
 }
 
@@ -54,8 +62,118 @@ func machineBusy() time.Duration {
 	return time.Duration(ticks) * 10 * time.Millisecond
 }
 
+// postgresBusy sums the CPU time of every process named postgres on this
+// machine: each live one's own, and the postmaster's reaped children's
+// (cutime, cstime), so a backend that ends between two samples still
+// counts. Without it the bench could only say "the rest is PostgreSQL and
+// whatever else runs", and on this shared machine whatever else runs
+// (the last run's database being dropped, a checkpoint of another
+// cluster's) moved that rest by half from run to run. It counts every
+// cluster on the machine, and none on another host (found is then false).
+func postgresBusy() (busy time.Duration, found bool) {
+	dir, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, false
+	}
+	procs := map[string]procStat{}
+	for _, e := range dir {
+		pid := e.Name()
+		if pid[0] < '0' || pid[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + pid + "/stat")
+		if err != nil {
+			continue // ended since the listing
+		}
+		if p, ok := parseProcStat(b, "postgres"); ok {
+			procs[pid] = p
+		}
+	}
+	var ticks int64
+	for _, p := range procs {
+		ticks += p.utime + p.stime
+		if _, child := procs[p.ppid]; !child {
+			ticks += p.cutime + p.cstime // the postmaster: its backends that ended
+		}
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond, len(procs) > 0 // USER_HZ, as in machineBusy
+}
+
+// procStat is what postgresBusy reads of /proc/<pid>/stat, in ticks.
+type procStat struct {
+	ppid                         string
+	utime, stime, cutime, cstime int64
+}
+
+// parseProcStat reads b, a /proc/<pid>/stat, if its command is comm. The
+// command may hold spaces and parentheses, so the fields are those after
+// its last ')': the state, the parent's pid, then utime, stime, cutime and
+// cstime as the 12th to 15th.
+func parseProcStat(b []byte, comm string) (procStat, bool) {
+	open, end := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
+	if open < 0 || end < open || string(b[open+1:end]) != comm {
+		return procStat{}, false
+	}
+	f := strings.Fields(string(b[end+1:]))
+	if len(f) < 15 {
+		return procStat{}, false
+	}
+	p := procStat{ppid: f[1]}
+	for i, dst := range []*int64{&p.utime, &p.stime, &p.cutime, &p.cstime} {
+		n, err := strconv.ParseInt(f[11+i], 10, 64)
+		if err != nil {
+			return procStat{}, false
+		}
+		*dst = n
+	}
+	return p, true
+}
+
+// cpuPerOp is the CPU time per operation between two samples, in
+// milliseconds.
+type cpuPerOp struct {
+	process, machine, postgres float64
+	postgresSeen               bool
+}
+
 // perOp returns the CPU time per operation between two samples.
-func (s cpuSample) perOp(since cpuSample, ops int) (process, machine float64) {
+func (s cpuSample) perOp(since cpuSample, ops int) cpuPerOp {
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / float64(ops) }
-	return ms(s.process - since.process), ms(s.machine - since.machine)
+	return cpuPerOp{
+		process:      ms(s.process - since.process),
+		machine:      ms(s.machine - since.machine),
+		postgres:     ms(s.postgres - since.postgres),
+		postgresSeen: s.postgresSeen && since.postgresSeen,
+	}
+}
+
+// line is the bench's cpu line, per unit ("operation", "step"). children
+// is the CPU of the components' processes with -split (split true); the
+// first figure is always the whole machine's, which scripts/bench-ab.sh
+// takes.
+func (c cpuPerOp) line(unit string, split bool, children float64) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "cpu: %.2f ms per %s on the whole machine", c.machine, unit)
+	rest := c.machine - c.process
+	if split {
+		fmt.Fprintf(&b, ", %.2f ms of it in the components' processes, %.2f ms in this one (the agent, the tool)", children, c.process)
+		rest -= children
+	} else {
+		fmt.Fprintf(&b, ", %.2f ms of it in this process", c.process)
+	}
+	if !c.postgresSeen {
+		b.WriteString(" (the rest is PostgreSQL and whatever else runs)")
+		return b.String()
+	}
+	fmt.Fprintf(&b, ", %.2f ms in PostgreSQL's processes", c.postgres)
+	// The machine's total is sampled at each clock tick; the processes'
+	// times are the scheduler's exact run times. Work in bursts shorter
+	// than a tick is missed by the first, so at a paced moderate rate it
+	// can come out below the sum of the others.
+	if elsewhere := rest - c.postgres; elsewhere >= 0 {
+		fmt.Fprintf(&b, ", %.2f ms elsewhere", elsewhere)
+	} else {
+		fmt.Fprintf(&b, " (the machine's tick-sampled total is %.2f ms below these: it misses short bursts)", -elsewhere)
+	}
+	return b.String()
 }

@@ -274,7 +274,7 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 		return err
 	}
 	elapsed := time.Since(start)
-	cpuProcess, cpuMachine := sampleCPU().perOp(cpuBefore, bc.N)
+	cpu := sampleCPU().perOp(cpuBefore, bc.N)
 	cpuChildren := float64((bc.split.cpu() - childrenBefore).Microseconds()) / 1000 / float64(bc.N)
 
 	// Latency: from each intent's commit to its terminal row's projection,
@@ -315,13 +315,8 @@ func Run(ctx context.Context, bc Config, cfg app.Config, getenv func(string) str
 		fmt.Fprintf(stdout, "postgres: %.2f of them effectline's own (claims and outcomes), %.2f the agent's transactions that carried the intents\n",
 			float64(syncCommits-agent)/float64(bc.N), float64(agent)/float64(bc.N))
 	}
-	switch {
-	case cpuMachine > 0 && bc.split != nil:
-		fmt.Fprintf(stdout, "cpu: %.2f ms per operation on the whole machine, %.2f ms of it in the components' processes, %.2f ms in this one (the agent, the tool)\n",
-			cpuMachine, cpuChildren, cpuProcess)
-	case cpuMachine > 0:
-		fmt.Fprintf(stdout, "cpu: %.2f ms per operation on the whole machine, %.2f ms of it in this process (the rest is PostgreSQL and whatever else runs)\n",
-			cpuMachine, cpuProcess)
+	if cpu.machine > 0 {
+		fmt.Fprintln(stdout, cpu.line("operation", bc.split != nil, cpuChildren))
 	}
 	if bc.split != nil {
 		fmt.Fprintln(stdout, "postgres: with -split the synchronous commits are the components' processes' and not counted here; the transactions of any kind are")

@@ -122,7 +122,7 @@ func RunWorkflows(ctx context.Context, bc Config, cfg app.Config, getenv func(st
 		return err
 	}
 	steps := bc.N * len(benchSteps)
-	cpuProcess, cpuMachine := sampleCPU().perOp(cpuBefore, steps)
+	cpu := sampleCPU().perOp(cpuBefore, steps)
 	var afterAll int64
 	_ = a.Pool.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&afterAll)
 	journalCommits := a.Store.SyncCommits() - beforeJournal
@@ -207,8 +207,8 @@ func RunWorkflows(ctx context.Context, bc Config, cfg app.Config, getenv func(st
 	if rounds > 0 {
 		fmt.Fprintf(stdout, "driver: %d workflow transitions in %d rounds, %.1f per round\n", transitions, rounds, float64(transitions)/float64(rounds))
 	}
-	if cpuMachine > 0 {
-		fmt.Fprintf(stdout, "cpu: %.2f ms per step on the whole machine, %.2f ms of it in this process\n", cpuMachine, cpuProcess)
+	if cpu.machine > 0 {
+		fmt.Fprintln(stdout, cpu.line("step", false, 0))
 	}
 	fmt.Fprintf(stdout, "bench: workflows=%d throughput=%.0f/s hop_p50=%.1fms hop_p99=%.1fms commits_per_step=%.2f duplicates=%d lost=%d\n",
 		bc.N, throughput, ms(pctOf(hops, 0.50)), ms(pctOf(hops, 0.99)), float64(syncCommits)/float64(steps), dups, lost)
