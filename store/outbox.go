@@ -74,23 +74,35 @@ SELECT c.id, c.operation_key, c.seq, c.topic, e.envelope, e.traceparent,
         LIMIT 1) e`
 
 // relayPlanningSQL sets how the relay's transaction plans its claim and
-// its delete.
+// its delete: once per connection, as generic plans, with plain index
+// scans only.
 //
-// With their values and the partitions' sizes at that moment, never with a
-// generic plan a connection cached earlier (plan_cache_mode). Statistics
-// of the outbox partitions say little: each is truncated every rotation
-// and fills again, and a VACUUM of an empty one (a database-wide VACUUM,
-// the bench's after seeding a history) records zero rows. A generic plan
-// made then scans the partition for every claimed row's order guard and
-// every delete, for as long as the connection keeps it, while the
-// partition fills with a rotation period's rows: flat out fell to under
+// Statistics of the outbox partitions say little: each is truncated every
+// rotation and fills again, and a VACUUM of an empty one (a database-wide
+// VACUUM, the bench's after seeding a history) records zero rows. A plan
+// made then, by cost, scans the partition for every claimed row's order
+// guard and every delete, for as long as the connection keeps it, while
+// the partition fills with a rotation period's rows: flat out fell to under
 // half on a history database (docs/benchmarks.md, session 16). Planning
-// the claim costs a fraction of a millisecond a batch.
+// each batch with its values (force_custom_plan, sessions 16 and 17)
+// avoided that and cost more than running the statements: at 500
+// operations/s the claim and the delete spent 0.18 ms of PostgreSQL's CPU
+// per operation in the planner, 0.09 ms executing (pg_stat_statements,
+// docs/benchmarks.md, session 18).
 //
-// And without bitmap scans (noBitmapScans): every lookup of the claim and
-// the delete reads a few rows of one key (a claimed row's event, the order
-// guard's lower seqs, the rows to delete), four claimed rows per operation.
-const relayPlanningSQL = `SELECT set_config('plan_cache_mode', 'force_custom_plan', true), ` + noBitmapScans
+// Every table the two statements read has the index each lookup needs, and
+// each lookup reads a few rows of one key or id (a claimed row's event,
+// the order guard's lower seqs, the rows to delete): an index scan is the
+// right plan whatever the partitions hold. So the plan is made without
+// sequential scans (enable_seqscan off charges them so much that the
+// planner takes the index) and without bitmap scans (noBitmapScans), and
+// then reused (force_generic_plan) until an invalidation (a rotation's
+// TRUNCATE) has it made again, under the same settings, which this
+// transaction sets before either statement runs. PostgreSQL does not
+// re-plan a cached statement when a setting changes, so these settings
+// must come first in every transaction that runs either statement; only
+// RelayBatch runs them.
+const relayPlanningSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true), ` + noBitmapScans
 
 // noBitmapScans, in a SELECT, plans the rest of its transaction without
 // bitmap scans (is_local: the setting ends with the transaction). The

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -137,6 +139,53 @@ func TestOutboxRelayBatchPublishesInOrderAndDeletes(t *testing.T) {
 	n, oldest, err = s.OutboxBacklog(ctx)
 	if err != nil || n != 0 || !oldest.IsZero() {
 		t.Fatalf("backlog after relay = %d, %v, %v; want 0, zero time, nil", n, oldest, err)
+	}
+}
+
+// TestOutboxRelayPlansItsStatementsOnce: planning the claim and the delete
+// for every batch cost PostgreSQL more than running them (store's
+// relayPlanningSQL); a relay's connection plans each once and reuses the
+// plan.
+func TestOutboxRelayPlansItsStatementsOnce(t *testing.T) {
+	t.Parallel()
+	url := storedb.New(t)
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	pool := testenv.NewPool(t, url+sep+"pool_max_conns=1") // one session: its prepared statements are the relay's
+	s := store.New(pool)
+	const batches = 3
+	for i := range batches {
+		outboxCreate(t, s, fmt.Sprintf("order-%d/reserve", i))
+		if got, published, _ := outboxDrain(t, s, 100); published != 2 {
+			t.Fatalf("batch %d published %v; want the intent on two topics", i, got)
+		}
+	}
+	rows, err := pool.Query(t.Context(), `SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements
+		WHERE (statement LIKE '%claim AS MATERIALIZED%' OR statement LIKE 'DELETE FROM outbox%')
+		  AND statement NOT LIKE '%pg_prepared_statements%'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type plans struct {
+		statement       string
+		generic, custom int64
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (p plans, err error) {
+		err = r.Scan(&p.statement, &p.generic, &p.custom)
+		return p, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 {
+		t.Fatalf("found %d of the relay's two statements prepared on its connection: %v", len(got), got)
+	}
+	for _, p := range got {
+		if p.custom != 0 || p.generic != batches {
+			t.Errorf("%.40q… ran %d times on a generic plan and %d on a plan of its own; want %d and 0", p.statement, p.generic, p.custom, batches)
+		}
 	}
 }
 
