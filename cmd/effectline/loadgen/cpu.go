@@ -47,7 +47,7 @@ func machineBusy() time.Duration {
 	if len(f) < 9 || f[0] != "cpu" {
 		return 0
 	}
-	var ticks int64
+	var busy int64
 	for i, v := range f[1:9] {
 		if i == 3 || i == 4 { // idle, iowait
 			continue
@@ -56,10 +56,9 @@ func machineBusy() time.Duration {
 		if err != nil {
 			return 0
 		}
-		ticks += n
+		busy += n
 	}
-	// USER_HZ is 100 on every Linux configuration Go supports.
-	return time.Duration(ticks) * 10 * time.Millisecond
+	return ticks(busy)
 }
 
 // postgresBusy sums the CPU time of every process named postgres on this
@@ -85,18 +84,18 @@ func postgresBusy() (busy time.Duration, found bool) {
 		if err != nil {
 			continue // ended since the listing
 		}
-		if p, ok := parseProcStat(b, "postgres"); ok {
+		if comm, p, ok := parseProcStat(b); ok && comm == "postgres" {
 			procs[pid] = p
 		}
 	}
-	var ticks int64
+	var n int64
 	for _, p := range procs {
-		ticks += p.utime + p.stime
+		n += p.utime + p.stime
 		if _, child := procs[p.ppid]; !child {
-			ticks += p.cutime + p.cstime // the postmaster: its backends that ended
+			n += p.cutime + p.cstime // the postmaster: its backends that ended
 		}
 	}
-	return time.Duration(ticks) * 10 * time.Millisecond, len(procs) > 0 // USER_HZ, as in machineBusy
+	return ticks(n), len(procs) > 0
 }
 
 // procStat is what postgresBusy reads of /proc/<pid>/stat, in ticks.
@@ -105,29 +104,33 @@ type procStat struct {
 	utime, stime, cutime, cstime int64
 }
 
-// parseProcStat reads b, a /proc/<pid>/stat, if its command is comm. The
-// command may hold spaces and parentheses, so the fields are those after
-// its last ')': the state, the parent's pid, then utime, stime, cutime and
-// cstime as the 12th to 15th.
-func parseProcStat(b []byte, comm string) (procStat, bool) {
+// parseProcStat reads b, a /proc/<pid>/stat: the command, and the fields
+// after it. The command may hold spaces and parentheses, so the fields
+// are those after its last ')': the state, the parent's pid, then utime,
+// stime, cutime and cstime as the 12th to 15th.
+func parseProcStat(b []byte) (comm string, p procStat, ok bool) {
 	open, end := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
-	if open < 0 || end < open || string(b[open+1:end]) != comm {
-		return procStat{}, false
+	if open < 0 || end < open {
+		return "", procStat{}, false
 	}
 	f := strings.Fields(string(b[end+1:]))
 	if len(f) < 15 {
-		return procStat{}, false
+		return "", procStat{}, false
 	}
-	p := procStat{ppid: f[1]}
+	p.ppid = f[1]
 	for i, dst := range []*int64{&p.utime, &p.stime, &p.cutime, &p.cstime} {
 		n, err := strconv.ParseInt(f[11+i], 10, 64)
 		if err != nil {
-			return procStat{}, false
+			return "", procStat{}, false
 		}
 		*dst = n
 	}
-	return p, true
+	return string(b[open+1 : end]), p, true
 }
+
+// ticks is a duration of clock ticks: USER_HZ is 100 on every Linux
+// configuration Go supports.
+func ticks(n int64) time.Duration { return time.Duration(n) * 10 * time.Millisecond }
 
 // cpuPerOp is the CPU time per operation between two samples, in
 // milliseconds.

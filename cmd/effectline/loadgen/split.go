@@ -145,16 +145,8 @@ func (sp *splitProcesses) cpu() time.Duration {
 		if err != nil {
 			continue
 		}
-		// The fields after the command (which may hold spaces) start
-		// after the last ')'; utime and stime are the 14th and 15th.
-		_, rest, _ := strings.Cut(string(b[bytes.LastIndexByte(b, ')')+1:]), " ")
-		f := strings.Fields(rest)
-		if len(f) < 13 {
-			continue
-		}
-		for _, v := range f[11:13] {
-			n, _ := strconv.ParseInt(v, 10, 64)
-			total += time.Duration(n) * 10 * time.Millisecond // USER_HZ, as in machineBusy
+		if _, p, ok := parseProcStat(b); ok {
+			total += ticks(p.utime + p.stime)
 		}
 	}
 	return total
