@@ -1,6 +1,7 @@
 package projector
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/testenv"
 	"github.com/effectline/effectline/internal/testenv/storedb"
+	"github.com/effectline/effectline/store"
 )
 
 // TestUpsertsProbeTheirGuardsByKey reads the generic plans of the
@@ -139,4 +141,67 @@ func listPlan(t *testing.T, pool *pgxpool.Pool, f events.ListFilter) []string {
 		t.Fatal(err)
 	}
 	return lines
+}
+
+// TestTheFlushesPlanOnceByIndex: the flushes' connections (writePlanning)
+// run the upsert of one row, a flush at a moderate rate, on the plan they
+// made first, where PostgreSQL would otherwise plan it anew each time; and
+// a load of records planned on an empty, vacuumed operation_state still
+// reads the key index once the table holds 20,000 rows, as a kept plan
+// must.
+func TestTheFlushesPlanOnceByIndex(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	st := store.New(testenv.NewPool(t, storedb.New(t)))
+	pool, closePool, err := openWritePool(ctx, st, 1, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(closePool)
+	if _, err := pool.Exec(ctx, `VACUUM operation_state`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `PREPARE load_rows(text[]) AS `+loadRowsSQL); err != nil {
+		t.Fatal(err)
+	}
+	explain := func() string {
+		rows, err := pool.Query(ctx, `EXPLAIN (COSTS OFF) EXECUTE load_rows('{op-1}')`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(lines, "\n")
+	}
+	explain() // the plan is made now, on the empty table
+
+	const flushes = 8
+	at := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	for i := range flushes {
+		op := events.Operation{Key: fmt.Sprintf("op-%d", i), Tool: "tool", EffectClass: events.Idempotent, PayloadHash: "h",
+			Principal: "agent", Status: events.StatusPending, Seq: 1, CreatedAt: at, UpdatedAt: at}
+		if written, err := upsert(ctx, pool, []events.Operation{op}); err != nil || len(written) != 1 {
+			t.Fatalf("upsert %d = %v, %v", i, written, err)
+		}
+	}
+	var generic, custom int64
+	if err := pool.QueryRow(ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1`,
+		projectSQL).Scan(&generic, &custom); err != nil {
+		t.Fatal(err)
+	}
+	if generic != flushes || custom != 0 {
+		t.Errorf("the upsert ran %d times on its kept plan and %d on a plan made for its values; want %d and 0", generic, custom, flushes)
+	}
+
+	if _, err := pool.Exec(ctx, `INSERT INTO operation_state (operation_key, tool, effect_class, payload_hash, principal,
+	       status, phase, attempt, last_seq, record, created_at, updated_at)
+	SELECT 'bulk-' || i, 'tool', 'idempotent', 'h', 'agent', 'completed', 'attempt', 1, 3, '{}', now(), now()
+	  FROM generate_series(1, 20000) i`); err != nil {
+		t.Fatal(err)
+	}
+	if p := explain(); !strings.Contains(p, "operation_state_pkey") || strings.Contains(p, "Seq Scan") || strings.Contains(p, "Bitmap") {
+		t.Errorf("the load of records, planned on the empty table, does not read the key index on 20,000 rows:\n%s", p)
+	}
 }

@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -357,6 +358,24 @@ func watchConnConfig(pool *pgxpool.Pool) *pgx.ConnConfig {
 	return cfg
 }
 
+// writePlanning is how the flushes' connections plan: each statement once,
+// kept for the connection's life (plan_cache_mode), by index only
+// (enable_seqscan and enable_bitmapscan off). Left to itself, PostgreSQL
+// re-plans a prepared statement whenever a plan for its values looks
+// cheaper than the kept one; the upsert of one or two rows, a flush at a
+// moderate rate, always does, and planning it cost as much as running it
+// (~0.2 ms a flush; docs/benchmarks.md, session 18). Every statement here
+// reads or writes rows by key: the upserts, whose guards probe the head
+// tables by primary key (TestUpsertsProbeTheirGuardsByKey), and the loads
+// of records by key. Without sequential scans a plan made on an empty
+// table, kept, still reads the key index once the table has millions of
+// rows (TestTheFlushesPlanOnceByIndex).
+var writePlanning = map[string]string{
+	"plan_cache_mode":   "force_generic_plan",
+	"enable_seqscan":    "off",
+	"enable_bitmapscan": "off",
+}
+
 // openWritePool returns the pool the flushes run on and how to release it.
 // With asynchronous commit it is a pool of its own, on the store pool's
 // settings, whose sessions have synchronous_commit off: a flush's upsert
@@ -377,6 +396,9 @@ func openWritePool(ctx context.Context, st *store.Store, conns int, syncCommit b
 	// fsync and the projector keeps pace with the executors' synchronous
 	// commits on the same server.
 	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	// Each statement these connections run is planned once and kept
+	// (writePlanning).
+	maps.Copy(cfg.ConnConfig.RuntimeParams, writePlanning)
 	cfg.MaxConns = int32(conns)
 	cfg.MinConns, cfg.MinIdleConns = 0, 0
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
