@@ -569,6 +569,23 @@ func (d *Driver) fail(f runFailure) *RunError {
 // outbox's per-row guard.
 const publisherLock = 0x6566776b666c6f77 // "efwkflow"
 
+// publishLockSQL takes the publisher's lock and has the rest of its
+// transaction planned by key. markPublishedSQL joins the published (id,
+// seq) pairs to workflow_events; its generic plan, made while the journal
+// was small (a fresh database, and kept where no ANALYZE comes after),
+// hashed a sequential scan of the whole journal, every run's events since
+// the last prune, for every batch published (1.2 ms a batch after 1,000
+// runs, growing with the journal; docs/benchmarks.md, session 18). Without
+// sequential scans and hash or merge joins it is one primary-key probe
+// per published event (TestThePublisherMarksByKey). The settings end with
+// the transaction.
+const publishLockSQL = `SELECT pg_try_advisory_xact_lock($1), set_config('enable_seqscan', 'off', true),
+	set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`
+
+// markPublishedSQL marks the events ($1 ids, $2 seqs) published.
+const markPublishedSQL = `UPDATE workflow_events w SET published = true
+	FROM unnest($1::text[], $2::bigint[]) AS u(id, seq) WHERE w.workflow_id = u.id AND w.seq = u.seq`
+
 // PublishOnce publishes one batch of unpublished workflow events to the
 // workflows topic, at least once and in order per workflow id (the message
 // key), and returns how many it published.
@@ -580,7 +597,7 @@ func (d *Driver) PublishOnce(ctx context.Context) (int, error) {
 	topic := d.svc.prefix + events.TopicWorkflows
 	err := pgx.BeginFunc(ctx, d.svc.pool, func(tx pgx.Tx) error {
 		var got bool
-		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, int64(publisherLock)).Scan(&got); err != nil || !got {
+		if err := tx.QueryRow(ctx, publishLockSQL, int64(publisherLock)).Scan(&got, nil, nil, nil); err != nil || !got {
 			return err
 		}
 		rows, err := tx.Query(ctx, `SELECT workflow_id, seq, envelope, traceparent FROM workflow_events
@@ -626,8 +643,7 @@ func (d *Driver) PublishOnce(ctx context.Context) (int, error) {
 		if err := d.pub.Send(ctx, recs); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `UPDATE workflow_events w SET published = true
-			FROM unnest($1::text[], $2::bigint[]) AS u(id, seq) WHERE w.workflow_id = u.id AND w.seq = u.seq`, ids, seqs); err != nil {
+		if _, err := tx.Exec(ctx, markPublishedSQL, ids, seqs); err != nil {
 			return err
 		}
 		n = len(recs)

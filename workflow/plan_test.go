@@ -1,8 +1,11 @@
 package workflow
 
 import (
+	"context"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/effectline/effectline/internal/testenv"
 	"github.com/effectline/effectline/internal/testenv/storedb"
@@ -23,5 +26,56 @@ func TestDueRunsProbeTheirOperationByKey(t *testing.T) {
 	}
 	if !strings.Contains(plan, "Index Scan using operations_pkey") {
 		t.Errorf("the generic plan of lockDueSQL does not probe operations_pkey:\n%s", plan)
+	}
+}
+
+// TestThePublisherMarksByKey reads the generic plan of the publisher's
+// mark on a freshly migrated database, in a transaction that began with
+// publishLockSQL as the publisher's does: one primary-key probe per
+// published event. Without the settings the plan hashes a sequential scan
+// of the whole journal (checked first, or the test would show nothing).
+func TestThePublisherMarksByKey(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	conn, err := pgx.Connect(ctx, storedb.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	explain := func(settings string) string {
+		t.Helper()
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		if settings != "" {
+			if _, err := tx.Exec(ctx, settings, int64(publisherLock)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `PREPARE mark(text[], bigint[]) AS `+markPublishedSQL); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _, _ = conn.Exec(ctx, `DEALLOCATE mark`) }() // a session's, not the transaction's
+		rows, err := tx.Query(ctx, `EXPLAIN (COSTS OFF) EXECUTE mark(NULL, NULL)`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(lines, "\n")
+	}
+	if plan := explain(""); !strings.Contains(plan, "Seq Scan on workflow_events") {
+		t.Fatalf("without the publisher's settings the mark does not scan the journal, so this test shows nothing:\n%s", plan)
+	}
+	plan := explain(publishLockSQL)
+	if !strings.Contains(plan, "Index Scan using workflow_events_pkey") || strings.Contains(plan, "Seq Scan") || strings.Contains(plan, "Hash") {
+		t.Errorf("after publishLockSQL the mark does not probe workflow_events_pkey per event:\n%s", plan)
 	}
 }
