@@ -572,10 +572,11 @@ const publisherLock = 0x6566776b666c6f77 // "efwkflow"
 // publishLockSQL takes the publisher's lock and has the rest of its
 // transaction planned by key. markPublishedSQL joins the published (id,
 // seq) pairs to workflow_events; its generic plan, made while the journal
-// was small (a fresh database, and kept where no ANALYZE comes after),
-// hashed a sequential scan of the whole journal, every run's events since
-// the last prune, for every batch published (1.2 ms a batch after 1,000
-// runs, growing with the journal; docs/benchmarks.md, session 18). Without
+// was small (a fresh database) and kept until an ANALYZE or the end of the
+// connection (pgxpool's default lifetime is an hour), hashed a sequential
+// scan of the whole journal, every run's events since the last prune, for
+// every batch published (1.2 ms a batch after 1,000 runs, growing with the
+// journal; docs/benchmarks.md, session 18). Without
 // sequential scans and hash or merge joins it is one primary-key probe
 // per published event (TestThePublisherMarksByKey). The settings end with
 // the transaction.
