@@ -3,12 +3,9 @@
 package projector
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"os"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -17,6 +14,7 @@ import (
 
 	"github.com/effectline/effectline/events"
 	"github.com/effectline/effectline/internal/kafka"
+	"github.com/effectline/effectline/internal/procstat"
 	"github.com/effectline/effectline/internal/testenv"
 	"github.com/effectline/effectline/internal/testenv/storedb"
 	"github.com/effectline/effectline/store"
@@ -140,17 +138,11 @@ func (bt *batcher[E, R]) backendsCPU(b *testing.B) time.Duration {
 		if err := c.QueryRow(b.Context(), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 			b.Fatal(err)
 		}
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		stat, err := procstat.Read(strconv.Itoa(pid))
 		if err != nil {
 			return -1
 		}
-		// utime and stime, in clock ticks (USER_HZ, 100), are the 12th and
-		// 13th fields after the command's closing parenthesis.
-		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-		for _, v := range f[11:13] {
-			n, _ := strconv.ParseInt(v, 10, 64)
-			total += time.Duration(n) * 10 * time.Millisecond
-		}
+		total += stat.CPU()
 	}
 	return total
 }

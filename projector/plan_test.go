@@ -132,15 +132,7 @@ func listPlan(t *testing.T, pool *pgxpool.Pool, f events.ListFilter) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows, err := pool.Query(t.Context(), "EXPLAIN (COSTS OFF) "+sql, append([]any{listExecMode}, args...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return lines
+	return strings.Split(testenv.Explain(t, pool, sql, append([]any{listExecMode}, args...)...), "\n")
 }
 
 // TestTheFlushesPlanOnceByIndex: the flushes' connections (writePlanning)
@@ -164,17 +156,7 @@ func TestTheFlushesPlanOnceByIndex(t *testing.T) {
 	if _, err := pool.Exec(ctx, `PREPARE load_rows(text[]) AS `+loadRowsSQL); err != nil {
 		t.Fatal(err)
 	}
-	explain := func() string {
-		rows, err := pool.Query(ctx, `EXPLAIN (COSTS OFF) EXECUTE load_rows('{op-1}')`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.Join(lines, "\n")
-	}
+	explain := func() string { return testenv.Explain(t, pool, `EXECUTE load_rows('{op-1}')`) }
 	explain() // the plan is made now, on the empty table
 
 	const flushes = 8

@@ -103,14 +103,7 @@ func TestTheIntentProbeReadsTheIndexWithoutStatistics(t *testing.T) {
 			}
 		}
 		rows, err := br.Query()
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.Join(lines, "\n")
+		return testenv.PlanText(t, rows, err)
 	}
 	if p := plan(&pgx.Batch{}); !strings.Contains(p, "Bitmap Heap Scan on events") {
 		t.Fatalf("without statistics and the setting the probe is not a bitmap scan, so this test shows nothing:\n%s", p)
@@ -239,15 +232,7 @@ func (s *session) exec(sql string) {
 // explain returns the plan of sql, EXPLAIN (COSTS OFF), one node a line.
 func (s *session) explain(sql string) string {
 	s.t.Helper()
-	rows, err := s.conn.Query(s.t.Context(), `EXPLAIN (COSTS OFF) `+sql)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	return strings.Join(lines, "\n")
+	return testenv.Explain(s.t, s.conn, sql)
 }
 
 // journalOf10000Operations journals three events for each of 10,000

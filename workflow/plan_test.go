@@ -61,15 +61,7 @@ func TestThePublisherMarksByKey(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() { _, _ = conn.Exec(ctx, `DEALLOCATE mark`) }() // a session's, not the transaction's
-		rows, err := tx.Query(ctx, `EXPLAIN (COSTS OFF) EXECUTE mark(NULL, NULL)`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.Join(lines, "\n")
+		return testenv.Explain(t, tx, `EXECUTE mark(NULL, NULL)`)
 	}
 	if plan := explain(""); !strings.Contains(plan, "Seq Scan on workflow_events") {
 		t.Fatalf("without the publisher's settings the mark does not scan the journal, so this test shows nothing:\n%s", plan)

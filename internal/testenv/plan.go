@@ -79,3 +79,32 @@ func explainGeneric(ctx context.Context, conn *pgx.Conn, explain, query string) 
 	}
 	return strings.Join(lines, "\n"), nil
 }
+
+// Querier runs a query: a connection, a pool, a pool's connection or a
+// transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Explain returns the plan of sql on q (EXPLAIN (COSTS OFF)), one node a
+// line, under q's settings. args are sql's, led by a pgx.QueryExecMode to
+// say how it runs.
+func Explain(t testing.TB, q Querier, sql string, args ...any) string {
+	t.Helper()
+	rows, err := q.Query(t.Context(), "EXPLAIN (COSTS OFF) "+sql, args...)
+	return PlanText(t, rows, err)
+}
+
+// PlanText reads the rows of a text EXPLAIN, as a query returned them
+// (rows and err), into one string, one node a line.
+func PlanText(t testing.TB, rows pgx.Rows, err error) string {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("testenv: EXPLAIN: %v", err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatalf("testenv: EXPLAIN: %v", err)
+	}
+	return strings.Join(lines, "\n")
+}

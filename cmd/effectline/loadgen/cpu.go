@@ -1,13 +1,14 @@
 package loadgen
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/effectline/effectline/internal/procstat"
 )
 
 // cpuSample is the CPU time spent so far by this process and by the whole
@@ -58,7 +59,7 @@ func machineBusy() time.Duration {
 		}
 		busy += n
 	}
-	return ticks(busy)
+	return procstat.Ticks(busy)
 }
 
 // postgresBusy sums the CPU time of every process named postgres on this
@@ -74,63 +75,24 @@ func postgresBusy() (busy time.Duration, found bool) {
 	if err != nil {
 		return 0, false
 	}
-	procs := map[string]procStat{}
+	procs := map[string]procstat.Stat{}
 	for _, e := range dir {
 		pid := e.Name()
 		if pid[0] < '0' || pid[0] > '9' {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + pid + "/stat")
-		if err != nil {
-			continue // ended since the listing
-		}
-		if comm, p, ok := parseProcStat(b); ok && comm == "postgres" {
+		if p, err := procstat.Read(pid); err == nil && p.Comm == "postgres" { // an error: it ended since the listing
 			procs[pid] = p
 		}
 	}
-	var n int64
 	for _, p := range procs {
-		n += p.utime + p.stime
-		if _, child := procs[p.ppid]; !child {
-			n += p.cutime + p.cstime // the postmaster: its backends that ended
+		busy += p.CPU()
+		if _, child := procs[p.PPID]; !child {
+			busy += p.ReapedCPU() // the postmaster: its backends that ended
 		}
 	}
-	return ticks(n), len(procs) > 0
+	return busy, len(procs) > 0
 }
-
-// procStat is what postgresBusy reads of /proc/<pid>/stat, in ticks.
-type procStat struct {
-	ppid                         string
-	utime, stime, cutime, cstime int64
-}
-
-// parseProcStat reads b, a /proc/<pid>/stat: the command, and the fields
-// after it. The command may hold spaces and parentheses, so the fields
-// are those after its last ')': the state, the parent's pid, then utime,
-// stime, cutime and cstime as the 12th to 15th.
-func parseProcStat(b []byte) (comm string, p procStat, ok bool) {
-	open, end := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
-	if open < 0 || end < open {
-		return "", procStat{}, false
-	}
-	f := strings.Fields(string(b[end+1:]))
-	if len(f) < 15 {
-		return "", procStat{}, false
-	}
-	p.ppid = f[1]
-	for i, dst := range []*int64{&p.utime, &p.stime, &p.cutime, &p.cstime} {
-		n, err := strconv.ParseInt(f[11+i], 10, 64)
-		if err != nil {
-			return "", procStat{}, false
-		}
-		*dst = n
-	}
-	return string(b[open+1 : end]), p, true
-}
-
-// ticks is a duration of clock ticks: USER_HZ is 100 on every Linux
-// configuration Go supports.
-func ticks(n int64) time.Duration { return time.Duration(n) * 10 * time.Millisecond }
 
 // cpuPerOp is the CPU time per operation between two samples, in
 // milliseconds.

@@ -4,30 +4,16 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/effectline/effectline/internal/procstat"
 	"github.com/effectline/effectline/internal/testenv"
 )
-
-func TestParseProcStat(t *testing.T) {
-	// A command with a space and a ')' of its own: the fields start after
-	// the last one.
-	line := []byte("4242 (post gres) x) S 17 4242 4242 0 -1 4194560 900 0 0 0 311 42 7 3 20 0 1 0 100 0 0\n")
-	comm, got, ok := parseProcStat(line)
-	want := procStat{ppid: "17", utime: 311, stime: 42, cutime: 7, cstime: 3}
-	if !ok || comm != "post gres) x" || got != want {
-		t.Errorf("parseProcStat = %q, %+v, %v; want \"post gres) x\", %+v", comm, got, ok, want)
-	}
-	for _, bad := range []string{"", "4242 postgres S 1", "4242 (postgres) S 1 2 3", "4242 (postgres) S 17 4242 4242 0 -1 4194560 900 0 0 0 x 42 7 3 20"} {
-		if _, _, ok := parseProcStat([]byte(bad)); ok {
-			t.Errorf("parseProcStat(%q) read a process", bad)
-		}
-	}
-}
 
 func TestCPULineKeepsTheMachineFirst(t *testing.T) {
 	c := cpuPerOp{process: 1.2, machine: 2.0, postgres: 0.7, postgresSeen: true}
@@ -73,15 +59,11 @@ func TestPostgresBusyCountsABackendThatEnded(t *testing.T) {
 	if _, err := conn.Exec(ctx, `SELECT sum(i) FROM generate_series(1, 3000000) i`); err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(stat)
-	if err != nil {
-		t.Fatal(err)
+	backend, err := procstat.Read(strconv.Itoa(pid))
+	if err != nil || backend.CPU() == 0 {
+		t.Fatalf("the backend's own stat: %+v, %v", backend, err)
 	}
-	_, backend, ok := parseProcStat(b)
-	if !ok || backend.utime+backend.stime == 0 {
-		t.Fatalf("the backend's own stat: %+v, %v", backend, ok)
-	}
-	used := ticks(backend.utime + backend.stime)
+	used := backend.CPU()
 	if err := conn.Close(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/effectline/effectline/cmd/effectline/app"
+	"github.com/effectline/effectline/internal/procstat"
 )
 
 // splitComponents are the processes of -split, one component each, as the
@@ -141,12 +142,8 @@ func (sp *splitProcesses) cpu() time.Duration {
 	}
 	var total time.Duration
 	for _, c := range sp.children {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.cmd.Process.Pid))
-		if err != nil {
-			continue
-		}
-		if _, p, ok := parseProcStat(b); ok {
-			total += ticks(p.utime + p.stime)
+		if p, err := procstat.Read(strconv.Itoa(c.cmd.Process.Pid)); err == nil {
+			total += p.CPU()
 		}
 	}
 	return total
