@@ -4,7 +4,7 @@
 
 # Exactly what .ci/run runs.
 test:
-	go test -race -count=1 -timeout 20m ./... && go test -run '^$$' -fuzz FuzzDecode -fuzztime 10s ./events
+	go test -race -count=1 -timeout 20m ./... && go test -run '^$$' -fuzz FuzzDecode -fuzztime 300000x ./events
 
 demo:
 	go run ./cmd/effectline dev --demo
@@ -14,8 +14,8 @@ bench:
 	go run ./cmd/effectline bench -n 5000 -rate 500
 
 fuzz:
-	go test ./events -run '^$$' -fuzz FuzzDecode -fuzztime 5m
-	go test ./events -run '^$$' -fuzz FuzzCanonicalize -fuzztime 5m
+	go test ./events -run '^$$' -fuzz FuzzDecode -fuzztime 10000000x
+	go test ./events -run '^$$' -fuzz FuzzCanonicalize -fuzztime 10000000x
 
 # The end-to-end trace test against a real Jaeger (built from tools/jaeger,
 # ~16 minutes cold). CI runs the same scenario against an in-process OTLP
