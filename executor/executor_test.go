@@ -45,7 +45,7 @@ tools:
     effect: idempotent
     invoke: {method: POST, url: "{{.URL}}/effects/cache", timeout: 500ms}
     reconcile: {method: GET, url: "{{.URL}}/effects?idempotency_key={{"{{.Key}}"}}"}
-    retry: {max_attempts: 4, base_delay: 10ms, max_delay: 60s, deadline: 120s}
+    retry: {max_attempts: 4, base_delay: 10ms, max_delay: 1h, deadline: 2h}
   - name: inventory.reserve
     effect: compensable
     invoke: {method: POST, url: "{{.URL}}/effects/reservations", timeout: 500ms}
@@ -406,12 +406,14 @@ func TestRacingExecutors(t *testing.T) {
 }
 
 // TestRetryDoesNotBlockThePartition: an operation waiting for its retry
-// (Retry-After: 30) does not delay 100 others on its partition.
+// (Retry-After: 50 minutes) does not delay 100 others on its partition. The
+// wait is long so that a loaded machine, however slow with the 100, cannot
+// reach it on the real clock (a 30 s Retry-After once did under CI load).
 func TestRetryDoesNotBlockThePartition(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	e.kafka.Partitions = 1 // one partition: every operation shares it
-	e.fake.Script(testenv.RouteInvoke, testenv.FaultFailBeforeEffect(429, "30"))
+	e.fake.Script(testenv.RouteInvoke, testenv.FaultFailBeforeEffect(429, "3000"))
 	e.start()
 	e.produce("slow", "cache.set", events.Idempotent, `{"k":"slow"}`)
 	e.waitFor("slow", "waiting for its retry", func(op events.Operation) bool {
@@ -427,8 +429,8 @@ func TestRetryDoesNotBlockThePartition(t *testing.T) {
 	if slow.Status != events.StatusPending || slow.DueAt == nil || slow.DueAt.Before(time.Now()) {
 		t.Fatalf("the slow operation is %s (due %v) before its Retry-After passed", slow.Status, slow.DueAt)
 	}
-	// Move the clock past the Retry-After rather than wait 30s.
-	e.skew.Store(int64(31 * time.Second))
+	// Move the clock past the Retry-After rather than wait it out.
+	e.skew.Store(int64(3001 * time.Second))
 	e.waitStatus("slow", events.StatusCompleted)
 }
 
