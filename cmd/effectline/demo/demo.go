@@ -409,7 +409,7 @@ func orDash(s string) string {
 }
 
 func printSummary(out io.Writer, s Summary, took time.Duration) {
-	fmt.Fprintf(out, "\nSummary: order %s, %d of %d steps completed in %.1fs\n", s.OrderID, s.Completed, len(Steps), took.Seconds())
+	fmt.Fprintf(out, "\nSummary after %.1fs: order %s, %d of %d steps completed\n", took.Seconds(), s.OrderID, s.Completed, len(Steps))
 	if s.Waiting != "" {
 		fmt.Fprintf(out, "  waiting for an approver: %s\n", s.Waiting)
 	}
