@@ -141,7 +141,7 @@ func TestDevDemo(t *testing.T) {
 		regexp.MustCompile(`workflow completed`))
 	// The second order's charge is attempted once, reconciliation cannot
 	// tell, and the workflow waits on it for an approver.
-	held := devSection(out, "Second order", "Summary:")
+	held := devSection(out, "Second order", "Summary after ")
 	devInOrder(t, "ord-1001-2", held,
 		regexp.MustCompile(`attempt 1 →\s+Idempotency-Key: wf:ord-1001-2/charge$`),
 		regexp.MustCompile(`attempt 1 UNKNOWN .*never retried blindly`),
