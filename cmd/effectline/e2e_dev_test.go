@@ -145,8 +145,13 @@ func TestDevDemo(t *testing.T) {
 	devInOrder(t, "ord-1001-2", held,
 		regexp.MustCompile(`attempt 1 →\s+Idempotency-Key: wf:ord-1001-2/charge$`),
 		regexp.MustCompile(`attempt 1 UNKNOWN .*never retried blindly`),
+		regexp.MustCompile(`asked \(1\)\s+did it happen\? the ledger answers 503`),
+		regexp.MustCompile(`asked \(5\)\s+did it happen\?`), // the reconciler's default MaxAsks
 		regexp.MustCompile(`ESCALATED\s+cannot_tell`),
 		regexp.MustCompile(`^Waiting: workflow ord-1001-2 waits on wf:ord-1001-2/charge \(escalated\) for an approver: http://.*/ui/workflows/ord-1001-2$`))
+	if n := len(regexp.MustCompile(`asked \(\d+\)`).FindAllString(held, -1)); n != 5 {
+		t.Errorf("the timeline shows %d unanswered asks before the escalation, want the reconciler's 5:\n%s", n, held)
+	}
 	if n := len(regexp.MustCompile(`(?m)attempt \d+ →\s+Idempotency-Key: wf:ord-1001-2/charge`).FindAllString(held, -1)); n != 1 {
 		t.Errorf("the second order's charge was attempted %d times, want exactly 1:\n%s", n, held)
 	}

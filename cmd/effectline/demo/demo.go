@@ -94,7 +94,7 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 		return sum, fmt.Errorf("demo: creating the orders table: %w", err)
 	}
 	start := time.Now()
-	tl := &timeline{out: cfg.Out, start: start}
+	tl := &timeline{out: cfg.Out, start: start, unanswered: cfg.Downstream.Unanswered}
 	second := cfg.OrderID + "-2"
 	cfg.Downstream.CannotTell(workflow.StepKey(second, "charge", 0))
 	orders := []order{
@@ -252,6 +252,11 @@ type timeline struct {
 	// first: the operation followed is a workflow's first step, whose
 	// intent commits with the order row.
 	first bool
+	// unanswered says when the downstream left a lookup of a key
+	// unanswered: the reconciler's asks are not journaled, and without
+	// them the seconds before "cannot tell" is escalated would pass in
+	// silence.
+	unanswered func(key string) []time.Time
 }
 
 // printWorkflow prints the workflow events after seq and returns the last
@@ -303,14 +308,30 @@ func describeWorkflow(e events.WorkflowEnvelope) (what, why string) {
 func (tl *timeline) follow(ctx context.Context, st *store.Store, key string, timeout time.Duration) (events.Operation, error) {
 	deadline := time.Now().Add(timeout)
 	var seq int64
+	asks := 0 // unanswered lookups printed
 	for {
 		evs, err := st.Events(ctx, key, seq)
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			return events.Operation{}, err
 		}
+		var unanswered []time.Time
+		if tl.unanswered != nil {
+			unanswered = tl.unanswered(key)[asks:]
+		}
+		// In the order they happened: an ask follows the attempt whose
+		// outcome it asks about and comes before the escalation it ends in.
 		for _, e := range evs {
+			for len(unanswered) > 0 && unanswered[0].Before(e.Envelope.OccurredAt) {
+				asks++
+				tl.printAsk(asks)
+				unanswered = unanswered[1:]
+			}
 			tl.print(e.Envelope)
 			seq = e.Seq
+		}
+		for range unanswered {
+			asks++
+			tl.printAsk(asks)
 		}
 		op, err := st.Load(ctx, key)
 		if err == nil && op.Seq == seq && (op.Status.Terminal() || op.Status == events.StatusEscalated) {
@@ -325,6 +346,12 @@ func (tl *timeline) follow(ctx context.Context, st *store.Store, key string, tim
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// printAsk prints the n-th lookup the downstream left unanswered.
+func (tl *timeline) printAsk(n int) {
+	fmt.Fprintf(tl.out, "  %+8.3fs  %-24s %s\n", time.Since(tl.start).Seconds(),
+		fmt.Sprintf("asked (%d)", n), "did it happen? the ledger answers 503: cannot tell")
 }
 
 func (tl *timeline) print(e events.Envelope) {

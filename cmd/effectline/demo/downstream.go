@@ -30,6 +30,9 @@ type Downstream struct {
 	// cannotTell holds idempotency keys whose first invoke loses its
 	// response and whose lookup never answers: the ledger is down for them.
 	cannotTell map[string]bool
+	// unanswered holds, per such key, when each lookup went unanswered:
+	// the reconciler's asks, which it does not journal, for the timeline.
+	unanswered map[string][]time.Time
 	nextID     int
 }
 
@@ -62,6 +65,7 @@ func StartDownstream() (*Downstream, error) {
 		effects:    map[string]map[string]*effect{},
 		requests:   map[string]int{},
 		cannotTell: map[string]bool{},
+		unanswered: map[string][]time.Time{},
 		faults: map[string][]string{
 			"inventory": {faultLoseResponse},
 			"payments":  {faultLoseResponse},
@@ -84,6 +88,14 @@ func (d *Downstream) CannotTell(key string) {
 	d.mu.Lock()
 	d.cannotTell[key] = true
 	d.mu.Unlock()
+}
+
+// Unanswered returns when each lookup of key went unanswered (keys made
+// CannotTell), oldest first.
+func (d *Downstream) Unanswered(key string) []time.Time {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]time.Time(nil), d.unanswered[key]...)
 }
 
 // Close stops the server.
@@ -216,6 +228,7 @@ func (d *Downstream) invoke(w http.ResponseWriter, r *http.Request, service stri
 func (d *Downstream) lookup(w http.ResponseWriter, service, key string) {
 	d.mu.Lock()
 	if d.cannotTell[key] {
+		d.unanswered[key] = append(d.unanswered[key], time.Now())
 		d.mu.Unlock()
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "ledger_unavailable"})
 		return
