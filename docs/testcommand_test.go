@@ -12,33 +12,12 @@ import (
 // Makefile's test target, docs/testing.md). A change made in some of them
 // would leave the README promising what CI does not run.
 func TestTheSuiteCommandIsTheSameEverywhere(t *testing.T) {
-	const start = "go test -race "
-	read := func(name string) string {
-		t.Helper()
-		b, err := os.ReadFile(filepath.Join("..", name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(b)
-	}
-	// firstLine returns the first line of text that starts with start, its
-	// leading tabs or spaces removed.
-	firstLine := func(name, text string) string {
-		t.Helper()
-		for _, l := range strings.Split(text, "\n") {
-			if l = strings.TrimLeft(l, " \t"); strings.HasPrefix(l, start) {
-				return l
-			}
-		}
-		t.Fatalf("%s has no line starting %q", name, start)
-		return ""
-	}
-	readme := firstLine("README.md", read("README.md"))
+	readme := suiteCommand(t, "README.md")
 	others := map[string]string{
-		".ci/run":         firstLine(".ci/run", read(".ci/run")),
-		"docs/testing.md": firstLine("docs/testing.md", read("docs/testing.md")),
+		".ci/run":         suiteCommand(t, ".ci/run"),
+		"docs/testing.md": suiteCommand(t, "docs/testing.md"),
 		// make reads $$ as one $.
-		"Makefile": strings.ReplaceAll(firstLine("Makefile", read("Makefile")), "$$", "$"),
+		"Makefile": strings.ReplaceAll(suiteCommand(t, "Makefile"), "$$", "$"),
 	}
 	for name, line := range others {
 		if line != readme {
@@ -53,4 +32,21 @@ func TestTheSuiteCommandIsTheSameEverywhere(t *testing.T) {
 			t.Errorf("the README's fuzz budget is not a count (Nx): %s", readme)
 		}
 	}
+}
+
+// suiteCommand returns the first line of the repository's file name that
+// starts "go test -race ", without its indentation.
+func suiteCommand(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if l = strings.TrimLeft(l, " \t"); strings.HasPrefix(l, "go test -race ") {
+			return l
+		}
+	}
+	t.Fatalf("%s has no line starting \"go test -race \"", name)
+	return ""
 }

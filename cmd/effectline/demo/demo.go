@@ -314,10 +314,7 @@ func (tl *timeline) follow(ctx context.Context, st *store.Store, key string, tim
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			return events.Operation{}, err
 		}
-		var unanswered []time.Time
-		if tl.unanswered != nil {
-			unanswered = tl.unanswered(key)[asks:]
-		}
+		unanswered := tl.unanswered(key)[asks:]
 		// In the order they happened: an ask follows the attempt whose
 		// outcome it asks about and comes before the escalation it ends in.
 		for _, e := range evs {
